@@ -1,0 +1,37 @@
+# `make demo` and `make test` set up .venv from nothing, then run.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# On a GPU machine: make test CONSTRAINTS=/dev/null (lets pip pick a CUDA build of torch).
+CONSTRAINTS ?= constraints-cpu.txt
+PACKAGES := -e ".[dev]" -e plugins/cpu -e plugins/cuda -e plugins/ascend_stub
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint format bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml plugins/cpu/pyproject.toml plugins/cuda/pyproject.toml \
+          plugins/ascend_stub/pyproject.toml $(CONSTRAINTS)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c $(CONSTRAINTS) \
+		torch $(PACKAGES)
+	touch $@
+
+demo: setup
+	$(BIN)/slotwise env
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest
+
+format: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: setup
+	$(BIN)/python benchmarks/import_time.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

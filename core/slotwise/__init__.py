@@ -1,0 +1,31 @@
+"""slotwise: a hardware plugin framework for PyTorch inference code.
+
+The core defines interfaces; hardware packages register implementations through
+pluggy hooks found via the ``slotwise.plugins`` entry-point group.  Importing this
+package is cheap: it never imports torch nor touches a device.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+#: Version of the plugin API.  Plugins declare the range they support in
+#: ``PlatformSpec.requires_api``; see docs/api-versioning.md for the policy.
+API_VERSION = "1.0"
+
+if TYPE_CHECKING:
+    from slotwise.platforms import Platform
+
+    current_platform: Platform
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy attributes: resolving the platform or loading the compiler stack happens
+    # on first use, so `import slotwise` stays cheap.
+    if name == "current_platform":
+        from slotwise.platforms import current_platform
+
+        return current_platform
+    raise AttributeError(f"module 'slotwise' has no attribute {name!r}")

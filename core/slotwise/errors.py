@@ -1,0 +1,7 @@
+"""The root of slotwise's own exceptions, so callers (and the CLI) can catch them all."""
+
+from __future__ import annotations
+
+
+class SlotwiseError(Exception):
+    """Base of every error slotwise raises on purpose, each naming the problem and the fix."""

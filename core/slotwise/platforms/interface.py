@@ -1,0 +1,149 @@
+"""``Platform``: what slotwise needs to know about and do with one kind of hardware.
+
+A plain base class, not an ABC: a subclass that sets only ``name`` and
+``device_type`` instantiates, and each method it does not override raises
+``NotImplementedError`` naming the method and the platform.  A vendor grows a
+plugin one method at a time.
+
+Rules for subclasses:
+- import heavy libraries (torch, a vendor SDK) inside methods, never at module level;
+- every method accepts ``**kwargs`` and ignores what it does not know, so slotwise
+  can pass new requirements later without breaking older plugins.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from slotwise.compilation.config import CompilationConfig
+
+logger = logging.getLogger("slotwise")
+
+
+class Platform:
+    """Base class of every platform; see the module docstring for the rules."""
+
+    #: Platform name, as in ``SLOTWISE_PLATFORM=<name>``.  Override.
+    name: str = ""
+    #: torch device type tensors live on ("cpu", "cuda", "npu", ...).  Override.
+    device_type: str = ""
+    #: Name of the device family shown to users ("cpu", "cuda", "npu").
+    #: Default: the platform name.
+    device_name: str = ""
+    #: torch dispatch key of ``device_type`` ("CPU", "CUDA", "PrivateUse1").
+    dispatch_key: str = "CPU"
+    #: ``torch.distributed`` backend for this platform's communicator.
+    dist_backend: str = "gloo"
+    #: Environment variable that selects visible devices ("CUDA_VISIBLE_DEVICES");
+    #: empty when the platform has none.
+    device_control_env_var: str = ""
+    #: Compiler used when ``CompilationConfig.backend`` is "" ("inductor" or "eager").
+    default_compile_backend: str = "inductor"
+    #: Whether the platform can capture and replay static graphs (CUDA graphs, NPU graphs).
+    supports_static_graph: bool = False
+    #: Which ``CustomOp.forward_<key>`` this platform runs ("native", "cpu", "cuda", "oot").
+    custom_op_key: str = "native"
+
+    def __init__(self) -> None:
+        if not self.name or not self.device_type:
+            raise TypeError(
+                f"{type(self).__name__} must set the class attributes 'name' and 'device_type'"
+            )
+        if not self.device_name:
+            self.device_name = self.name
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} name={self.name!r} device_type={self.device_type!r}>"
+
+    def _not_implemented(self, method: str, hint: str = "") -> NoReturn:
+        message = f"platform {self.name!r} ({type(self).__name__}) does not implement {method}()"
+        raise NotImplementedError(message + (f"; {hint}" if hint else ""))
+
+    # -- devices -------------------------------------------------------------------
+
+    def device_count(self, **kwargs: Any) -> int:
+        """Number of devices visible to this process.  Override."""
+        self._not_implemented("device_count")
+
+    def get_device_name(self, device_id: int = 0, **kwargs: Any) -> str:
+        """Marketing name of device ``device_id`` ("NVIDIA H200").  Override."""
+        self._not_implemented("get_device_name")
+
+    def get_device_capability(self, device_id: int = 0, **kwargs: Any) -> tuple[int, int] | None:
+        """Compute capability as (major, minor), or None where the notion does not apply."""
+        self._not_implemented("get_device_capability")
+
+    def total_memory(self, device_id: int = 0, **kwargs: Any) -> int:
+        """Total memory of device ``device_id`` in bytes.  Override."""
+        self._not_implemented("total_memory")
+
+    def current_memory_usage(self, device_id: int = 0, **kwargs: Any) -> int:
+        """Bytes this process currently holds on the device.  Override."""
+        self._not_implemented("current_memory_usage")
+
+    def set_device(self, device_id: int, **kwargs: Any) -> None:
+        """Make ``device_id`` this process's current device.  Override."""
+        self._not_implemented("set_device")
+
+    def synchronize(self, **kwargs: Any) -> None:
+        """Wait for all work queued on the current device.  Override."""
+        self._not_implemented("synchronize")
+
+    def seed_everything(self, seed: int, **kwargs: Any) -> None:
+        """Seed Python, NumPy (if installed) and torch; override to seed a vendor RNG too."""
+        import torch
+
+        random.seed(seed)
+        try:
+            import numpy
+        except ImportError:
+            pass
+        else:
+            numpy.random.seed(seed)
+        torch.manual_seed(seed)
+
+    # -- implementations -----------------------------------------------------------
+
+    def get_attention_backend_cls(self, selected: str | None = None, **requirements: Any) -> type:
+        """The attention backend class for ``requirements`` (head_size, dtype, block_size).
+
+        ``selected`` is a backend name the user asked for (SLOTWISE_ATTENTION_BACKEND).
+        """
+        self._not_implemented("get_attention_backend_cls", "register an attention backend")
+
+    def get_communicator_cls(self, **kwargs: Any) -> type:
+        """The ``slotwise.distributed.Communicator`` subclass for this platform."""
+        self._not_implemented("get_communicator_cls")
+
+    def get_piecewise_backend_cls(self, **kwargs: Any) -> type:
+        """The ``AbstractPiecewiseBackend`` subclass that compiles each piece at level 3."""
+        self._not_implemented("get_piecewise_backend_cls")
+
+    def get_static_graph_wrapper_cls(self, **kwargs: Any) -> type | None:
+        """Whole-model static-graph wrapper (for FULL graphs); None where unsupported."""
+        return None
+
+    def graph_pool(self, **kwargs: Any) -> Any:
+        """The memory pool shared by all static graphs of this process.
+
+        None on platforms without static graphs; graph platforms must override.
+        """
+        if self.supports_static_graph:
+            self._not_implemented("graph_pool", "platforms with static graphs must share a pool")
+        return None
+
+    # -- configuration -------------------------------------------------------------
+
+    def check_and_update_config(self, config: CompilationConfig, **kwargs: Any) -> None:
+        """Adapt ``config`` to this platform, logging every change it makes.
+
+        Called once per compiled model.  Platforms may add splitting ops, downgrade
+        graph modes or pick a backend; the default fills in the platform's compile
+        backend and turns graph modes off where static graphs are unsupported.
+        """
+        from slotwise.compilation.platform_defaults import apply_platform_defaults
+
+        apply_platform_defaults(self, config)

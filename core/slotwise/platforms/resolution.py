@@ -1,0 +1,334 @@
+"""Choosing the platform of this process from the plugins' ``PlatformSpec``s.
+
+Rules, in order (DESIGN.md):
+1. ``SLOTWISE_PLATFORM=name`` selects that platform or raises; never a fallback.
+2. Else the available, API-compatible platform of highest priority; a tie at the
+   top is an error naming both plugins.
+3. Else an ``UnspecifiedPlatform`` that raises ``PlatformNotFoundError`` on use.
+
+Each probe runs at most once per process; platforms below the winner's priority
+are probed only when a report asks for them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import slotwise
+from slotwise import envs
+from slotwise.platforms.errors import PlatformError, PlatformNotFoundError
+from slotwise.platforms.interface import Platform
+from slotwise.platforms.spec import PlatformSpec
+from slotwise.plugins.manager import PluginManager, PluginRecord, get_plugin_manager
+
+logger = logging.getLogger("slotwise")
+
+INSTALL_HINT = (
+    "install a platform plugin: 'pip install slotwise-cpu' for the CPU, "
+    "'pip install slotwise-cuda' for NVIDIA GPUs, or your accelerator vendor's package"
+)
+
+
+@dataclass
+class PlatformEntry:
+    """A platform offered by a plugin, with what resolution learned about it."""
+
+    spec: PlatformSpec
+    plugin: PluginRecord
+    status: str = "unprobed"  # selected|available|unavailable|incompatible|failed|unprobed
+    reason: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass
+class ReportRow:
+    """One line of ``plugin_report()``: a platform, or a plugin that offers none."""
+
+    kind: str  # "platform" | "plugin"
+    name: str
+    plugin: str
+    distribution: str
+    version: str
+    status: str
+    reason: str
+    priority: int | None = None
+    requires_api: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class PlatformResolver:
+    """Collects platform specs from the plugins and selects one, thread-safely."""
+
+    def __init__(self, manager: PluginManager) -> None:
+        self.manager = manager
+        self.entries: dict[str, PlatformEntry] = {}
+        self.selection_reason = ""
+        self._lock = threading.RLock()
+        self._collect()
+
+    def _collect(self) -> None:
+        for record, specs in self.manager.call_each("slotwise_platforms"):
+            problem = _check_specs(specs)
+            if problem:
+                self.manager.fail(record, f"hook slotwise_platforms returned {problem}")
+                continue
+            for spec in specs:
+                twin = self.entries.get(spec.name)
+                if twin is not None:
+                    self.manager.fail(
+                        record,
+                        f"registers platform {spec.name!r}, which {twin.plugin.label} "
+                        "registers already; uninstall one of them",
+                    )
+                    break
+                entry = PlatformEntry(spec, record)
+                if not spec.supports_api(slotwise.API_VERSION):
+                    entry.status = "incompatible"
+                    entry.reason = (
+                        f"requires slotwise API {spec.requires_api}, this slotwise "
+                        f"{slotwise.__version__} provides API {slotwise.API_VERSION}"
+                    )
+                self.entries[spec.name] = entry
+        # Drop the platforms of a plugin failed half-way through its list.
+        for name in [n for n, e in self.entries.items() if e.plugin.status == "failed"]:
+            del self.entries[name]
+
+    def probe(self, entry: PlatformEntry) -> bool:
+        """Run ``entry``'s probe once; True when the platform can run here."""
+        with self._lock:
+            if entry.status == "unprobed":
+                try:
+                    answer = entry.spec.probe()
+                except Exception as exc:  # noqa: BLE001 - a broken probe is a broken plugin
+                    entry.status = "failed"
+                    entry.reason = f"probe raised {type(exc).__name__}: {exc}"
+                    self.manager.fail(entry.plugin, f"platform {entry.name!r}: {entry.reason}")
+                    return False
+                if answer is True:
+                    entry.status = "available"
+                elif answer is False or isinstance(answer, str):
+                    entry.status = "unavailable"
+                    entry.reason = answer or "probe returned False"
+                else:
+                    entry.status = "failed"
+                    entry.reason = f"probe returned {answer!r}, expected True, False or a reason"
+                    self.manager.fail(entry.plugin, f"platform {entry.name!r}: {entry.reason}")
+            return entry.status in ("available", "selected")
+
+    def select(self) -> PlatformEntry | None:
+        """The entry to instantiate, or None when no platform is available."""
+        forced = envs.get("SLOTWISE_PLATFORM")
+        if forced is not None:
+            entry = self._forced(forced)
+            self.selection_reason = f"selected by SLOTWISE_PLATFORM={forced}"
+        else:
+            entry = self._by_priority()
+            if entry is None:
+                return None
+        entry.status = "selected"
+        return entry
+
+    def _forced(self, name: str) -> PlatformEntry:
+        entry = self.entries.get(name)
+        if entry is None:
+            known = ", ".join(sorted(self.entries)) or "none"
+            extra = self._plugin_problems()
+            raise PlatformNotFoundError(
+                f"SLOTWISE_PLATFORM={name}: no such platform. Known platforms: {known}."
+                f"{extra} Set SLOTWISE_PLATFORM to one of the known names, or {INSTALL_HINT}."
+            )
+        if entry.status == "incompatible":
+            raise PlatformError(
+                f"SLOTWISE_PLATFORM={name}: {entry.plugin.label} {entry.reason}. "
+                f"Upgrade or downgrade {entry.plugin.distribution} or slotwise so the "
+                "ranges match."
+            )
+        if not self.probe(entry):
+            raise PlatformNotFoundError(
+                f"SLOTWISE_PLATFORM={name}: platform {name!r} is not available here: "
+                f"{entry.reason}. Unset SLOTWISE_PLATFORM to pick the best available platform."
+            )
+        return entry
+
+    def _by_priority(self) -> PlatformEntry | None:
+        candidates = sorted(
+            (e for e in self.entries.values() if e.status != "incompatible"),
+            key=lambda e: -e.spec.priority,
+        )
+        winners: list[PlatformEntry] = []
+        for entry in candidates:
+            if winners and entry.spec.priority < winners[0].spec.priority:
+                break
+            if self.probe(entry):
+                winners.append(entry)
+        if len(winners) > 1:
+            names = " and ".join(f"{e.name!r} from {e.plugin.label}" for e in winners)
+            raise PlatformError(
+                f"platforms {names} are both available with priority "
+                f"{winners[0].spec.priority}; set SLOTWISE_PLATFORM to one of "
+                f"{', '.join(e.name for e in winners)}, or uninstall one plugin"
+            )
+        if not winners:
+            return None
+        winner = winners[0]
+        others = [e.name for e in candidates if e is not winner and e.status == "available"]
+        self.selection_reason = f"highest priority ({winner.spec.priority}) available platform" + (
+            f" (also available: {', '.join(others)})" if others else ""
+        )
+        return winner
+
+    def _plugin_problems(self) -> str:
+        bad = [r for r in self.manager.records.values() if r.status != "loaded"]
+        if not bad:
+            return ""
+        return " Plugins not loaded: " + "; ".join(f"{r.name} ({r.reason})" for r in bad) + "."
+
+    def nothing_available_message(self) -> str:
+        if not self.entries:
+            found = "no platform plugin is installed"
+        else:
+            found = "no installed platform is available: " + "; ".join(
+                f"{e.name}: {e.status} ({e.reason})" for e in self.entries.values()
+            )
+        return (
+            f"slotwise found no platform: {found}.{self._plugin_problems()} To fix, {INSTALL_HINT}."
+        )
+
+    def report(self) -> list[ReportRow]:
+        """Every plugin and platform with its status; probes what is not probed yet."""
+        rows = []
+        for entry in sorted(self.entries.values(), key=lambda e: (-e.spec.priority, e.name)):
+            if entry.status == "unprobed":
+                self.probe(entry)
+            record = entry.plugin
+            rows.append(
+                ReportRow(
+                    kind="platform",
+                    name=entry.name,
+                    plugin=record.name,
+                    distribution=record.distribution,
+                    version=record.version,
+                    status=entry.status,
+                    reason=entry.reason
+                    or (self.selection_reason if entry.status == "selected" else ""),
+                    priority=entry.spec.priority,
+                    requires_api=entry.spec.requires_api,
+                )
+            )
+        offering = {e.plugin.name for e in self.entries.values()}
+        for record in sorted(self.manager.records.values(), key=lambda r: r.name):
+            if record.name not in offering:
+                rows.append(
+                    ReportRow(
+                        kind="plugin",
+                        name=record.name,
+                        plugin=record.name,
+                        distribution=record.distribution,
+                        version=record.version,
+                        status=record.status if record.status != "loaded" else "loaded",
+                        reason=record.reason or "offers no platform",
+                    )
+                )
+        return rows
+
+
+def _check_specs(specs: Any) -> str:
+    """Why ``specs`` is not a valid hook answer, or "" when it is."""
+    if specs is None:
+        return ""
+    if not isinstance(specs, (list, tuple)):
+        return f"{type(specs).__name__} {specs!r:.80}, expected a list of PlatformSpec"
+    for item in specs:
+        if not isinstance(item, PlatformSpec):
+            return f"a list containing {type(item).__name__} {item!r:.80}, expected PlatformSpec"
+    return ""
+
+
+def instantiate(entry: PlatformEntry) -> Platform:
+    """Import and construct the selected platform class; errors name the plugin."""
+    module_name, _, qualname = entry.spec.platform_cls.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except Exception as exc:
+        raise PlatformError(
+            f"platform {entry.name!r} from {entry.plugin.label}: cannot import "
+            f"{entry.spec.platform_cls!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not (isinstance(obj, type) and issubclass(obj, Platform)):
+        raise PlatformError(
+            f"platform {entry.name!r} from {entry.plugin.label}: {entry.spec.platform_cls!r} "
+            "is not a subclass of slotwise.platforms.Platform"
+        )
+    platform = obj()
+    if platform.name != entry.name:
+        raise PlatformError(
+            f"platform {entry.name!r} from {entry.plugin.label}: class "
+            f"{entry.spec.platform_cls!r} says its name is {platform.name!r}; they must match"
+        )
+    return platform
+
+
+_resolver: PlatformResolver | None = None
+_resolver_lock = threading.Lock()
+_platform: Platform | None = None
+_error: BaseException | None = None
+_platform_lock = threading.Lock()
+
+
+def get_resolver() -> PlatformResolver:
+    global _resolver
+    with _resolver_lock:
+        if _resolver is None:
+            _resolver = PlatformResolver(get_plugin_manager())
+        return _resolver
+
+
+def get_current_platform() -> Platform:
+    """The platform of this process, resolved once; later calls return the same object.
+
+    A resolution error is remembered and raised again on every later call.
+    """
+    global _platform, _error
+    if _platform is not None:
+        return _platform
+    with _platform_lock:
+        if _platform is None:
+            if _error is not None:
+                raise _error
+            try:
+                _platform = _resolve(get_resolver())
+            except BaseException as exc:
+                _error = exc
+                raise
+        return _platform
+
+
+def _resolve(resolver: PlatformResolver) -> Platform:
+    entry = resolver.select()
+    if entry is None:
+        from slotwise.platforms.unspecified import UnspecifiedPlatform
+
+        return UnspecifiedPlatform(resolver.nothing_available_message())
+    platform = instantiate(entry)
+    logger.debug("platform %s: %s", entry.name, resolver.selection_reason)
+    return platform
+
+
+def plugin_report() -> list[ReportRow]:
+    """Every plugin and platform with its status and reason (for `slotwise env`)."""
+    try:
+        get_current_platform()
+    except PlatformError:
+        pass  # the report shows the statuses that led to the error
+    return get_resolver().report()

@@ -1,0 +1,56 @@
+"""``PlatformSpec``: how a plugin announces a platform without importing it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_CLASS_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+@dataclass(frozen=True)
+class PlatformSpec:
+    """One platform offered by a plugin.
+
+    ``platform_cls`` is a ``"module:Class"`` string so that the platform's module
+    (and whatever heavy library it imports) loads only if the platform is selected.
+    ``probe()`` answers "can this platform run here?" cheaply: ``True``, or
+    ``False`` / a reason string such as ``"no NVIDIA driver found"``.  It runs at
+    most once per process and must not initialise a device.
+    """
+
+    name: str
+    platform_cls: str
+    probe: Callable[[], bool | str]
+    priority: int = 0
+    requires_api: str = ">=1.0,<2"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ValueError(
+                f"PlatformSpec.name {self.name!r} must be lower-case letters, digits and "
+                "underscores, starting with a letter (e.g. 'myvendor')"
+            )
+        if not isinstance(self.platform_cls, str) or not _CLASS_PATH.match(self.platform_cls):
+            raise ValueError(
+                f"PlatformSpec.platform_cls {self.platform_cls!r} for {self.name!r} must be a "
+                "'module:Class' string, e.g. 'slotwise_myvendor.platform:MyVendorPlatform'"
+            )
+        if not callable(self.probe):
+            raise TypeError(f"PlatformSpec.probe for {self.name!r} must be callable")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise TypeError(f"PlatformSpec.priority for {self.name!r} must be an int")
+        try:
+            SpecifierSet(self.requires_api)
+        except (InvalidSpecifier, TypeError) as exc:
+            raise ValueError(
+                f"PlatformSpec.requires_api {self.requires_api!r} for {self.name!r} is not a "
+                "PEP 440 specifier such as '>=1.0,<2'"
+            ) from exc
+
+    def supports_api(self, api_version: str) -> bool:
+        return SpecifierSet(self.requires_api).contains(api_version, prereleases=True)

@@ -1,0 +1,51 @@
+"""The slotwise hook specifications: everything a plugin can implement.
+
+A plugin is any module or object registered under the ``slotwise.plugins``
+entry-point group, e.g. in the plugin's pyproject.toml::
+
+    [project.entry-points."slotwise.plugins"]
+    myvendor = "slotwise_myvendor.plugin"
+
+and implements some of the hooks below, marked with ``slotwise.plugins.hookimpl``.
+Every hook is optional.  Hooks are called once per process, the first time
+slotwise needs their answer; plugins must not do heavy work (import torch,
+initialise a device) inside them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from slotwise.plugins.markers import hookspec
+
+if TYPE_CHECKING:
+    from slotwise.platforms.spec import PlatformSpec
+
+
+@hookspec
+def slotwise_platforms() -> list[PlatformSpec]:
+    """Return the platforms this plugin provides.
+
+    Each ``PlatformSpec`` names the platform, a ``"module:Class"`` string that is
+    imported only if the platform is selected, a cheap ``probe`` callable, a
+    priority (cpu 0, cuda 100, vendor accelerators 200 by convention) and the
+    range of ``slotwise.API_VERSION`` it was written for.
+    """
+
+
+@hookspec
+def slotwise_register_attention_backends(registry: Any) -> None:
+    """Add attention backends to ``registry``, also for another plugin's platform.
+
+    A flash-attention package, for instance, adds its backend to the ``cuda``
+    platform without the CUDA plugin knowing about it.
+    """
+
+
+@hookspec
+def slotwise_register_custom_ops(registry: Any) -> None:
+    """Register out-of-tree implementations of ``CustomOp`` subclasses.
+
+    Lets a plugin replace, e.g., RMSNorm on its platform without any change to
+    model code.
+    """

@@ -1,0 +1,162 @@
+"""Loading plugins from entry points, one at a time, so one broken plugin
+cannot take the others down.
+
+pluggy's own ``load_setuptools_entrypoints`` stops at the first plugin that fails to
+import; here every entry point is loaded, registered and called in isolation and
+failures are recorded (and warned about once) per distribution.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.metadata
+import logging
+import threading
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import pluggy
+
+from slotwise import envs
+from slotwise.errors import SlotwiseError
+from slotwise.plugins import hookspecs
+from slotwise.plugins.markers import ENTRY_POINT_GROUP, PROJECT_NAME
+
+logger = logging.getLogger("slotwise")
+
+
+class PluginError(SlotwiseError, RuntimeError):
+    """A plugin is broken and SLOTWISE_STRICT_PLUGINS=1 asks for an error."""
+
+
+@dataclass
+class PluginRecord:
+    """What slotwise knows about one entry point, for reports and error messages."""
+
+    name: str
+    value: str
+    dist: importlib.metadata.Distribution | None = field(default=None, repr=False)
+    status: str = "loaded"  # "loaded" | "failed" | "filtered"
+    reason: str = ""
+
+    # Read lazily: a distribution's name and version come from parsing its METADATA
+    # file, which costs more than the rest of plugin discovery together.
+    @cached_property
+    def distribution(self) -> str:
+        return self.dist.name if self.dist else "<unknown>"
+
+    @cached_property
+    def version(self) -> str:
+        return self.dist.version if self.dist else "?"
+
+    @property
+    def label(self) -> str:
+        return f"plugin {self.name!r} (distribution {self.distribution} {self.version})"
+
+
+class PluginManager:
+    """The plugins of one process: loaded once, each hook called per plugin."""
+
+    def __init__(self, *, strict: bool | None = None, allow: list[str] | None = None):
+        self.strict = envs.flag("SLOTWISE_STRICT_PLUGINS") if strict is None else strict
+        self.allow = envs.name_list("SLOTWISE_PLUGINS") if allow is None else allow
+        self._pm = pluggy.PluginManager(PROJECT_NAME)
+        self._pm.add_hookspecs(hookspecs)
+        self.records: dict[str, PluginRecord] = {}
+
+    def load_entry_points(self) -> None:
+        entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        for ep in sorted(entry_points, key=lambda ep: ep.name):
+            if ep.name in self.records:
+                # The same distribution seen twice on sys.path (e.g. an editable
+                # install plus a source folder): the first one wins, as for imports.
+                continue
+            record = PluginRecord(name=ep.name, value=ep.value, dist=ep.dist)
+            self.records[ep.name] = record
+            if self.allow is not None and ep.name not in self.allow:
+                record.status = "filtered"
+                record.reason = "not in SLOTWISE_PLUGINS=" + ",".join(self.allow)
+                continue
+            try:
+                plugin = ep.load()
+                self._pm.register(plugin, name=ep.name)
+            except Exception as exc:  # noqa: BLE001 - isolation is the point
+                self.fail(record, f"failed to load {ep.value!r}: {_describe(exc)}")
+                continue
+            unknown = [
+                caller.name
+                for caller in self._pm.get_hookcallers(plugin) or []
+                if not caller.has_spec()
+            ]
+            if unknown:
+                self._pm.unregister(plugin)
+                self.fail(record, _unknown_hooks_message(unknown))
+        if self.allow is not None:
+            missing = sorted(set(self.allow) - set(self.records))
+            if missing:
+                logger.warning(
+                    "SLOTWISE_PLUGINS names %s, but no such plugin is installed; installed: %s",
+                    ", ".join(missing),
+                    ", ".join(sorted(self.records)) or "none",
+                )
+
+    def call_each(self, hook_name: str, **kwargs: Any) -> list[tuple[PluginRecord, Any]]:
+        """Call ``hook_name`` on every loaded plugin; a plugin whose hook raises is failed."""
+        results = []
+        caller = getattr(self._pm.hook, hook_name)
+        for impl in reversed(caller.get_hookimpls()):  # registration order
+            record = self.records[impl.plugin_name]
+            if record.status != "loaded":
+                continue
+            try:
+                result = impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
+            except Exception as exc:  # noqa: BLE001
+                self.fail(record, f"hook {hook_name} raised {_describe(exc)}")
+                continue
+            results.append((record, result))
+        return results
+
+    def fail(self, record: PluginRecord, reason: str) -> None:
+        """Mark a plugin failed: an error in strict mode, else one warning."""
+        record.status = "failed"
+        record.reason = reason
+        plugin = self._pm.get_plugin(record.name)
+        if plugin is not None:
+            self._pm.unregister(plugin)
+        message = f"{record.label} {reason}"
+        if self.strict:
+            raise PluginError(message + " (SLOTWISE_STRICT_PLUGINS=1 makes this an error)")
+        logger.warning(
+            "%s; skipped. Fix or uninstall it; SLOTWISE_STRICT_PLUGINS=1 makes this an error.",
+            message,
+        )
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _unknown_hooks_message(names: list[str]) -> str:
+    known = sorted(n for n in dir(hookspecs) if n.startswith("slotwise_"))
+    parts = []
+    for name in names:
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        parts.append(f"{name}{hint}")
+    return f"implements unknown hooks {', '.join(parts)}; known hooks: {', '.join(known)}"
+
+
+_manager: PluginManager | None = None
+_manager_lock = threading.Lock()
+
+
+def get_plugin_manager() -> PluginManager:
+    """The process-wide plugin manager, entry points loaded on first call."""
+    global _manager
+    with _manager_lock:
+        if _manager is None:
+            manager = PluginManager()
+            manager.load_entry_points()
+            _manager = manager
+        return _manager

@@ -1,0 +1,56 @@
+"""``AscendStubPlatform``: an NPU simulated on the CPU.
+
+Attributes say what the hardware is; methods answer questions about it.  A real
+vendor plugin would call its SDK (imported inside the methods) where this stub
+uses the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from slotwise.platforms import Platform
+from slotwise_ascend_stub.plugin import DEVICES_ENV_VAR
+
+#: Memory each simulated NPU pretends to have.
+STUB_DEVICE_MEMORY = 16 * 1024**3
+
+
+class AscendStubPlatform(Platform):
+    name = "ascend_stub"
+    device_type = "cpu"  # tensors live on the CPU; a real NPU would say "npu"
+    device_name = "npu"
+    dispatch_key = "CPU"  # a real out-of-tree device registers "PrivateUse1"
+    dist_backend = "hccl_stub"  # vendor-named collective backend, running on gloo
+    device_control_env_var = DEVICES_ENV_VAR
+    default_compile_backend = "eager"  # no Inductor backend for this "hardware"
+    supports_static_graph = True  # NPU graphs, simulated on the CPU
+    custom_op_key = "oot"  # CustomOp.forward_oot is the out-of-tree implementation
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._current_device = 0
+
+    def device_count(self, **kwargs: Any) -> int:
+        return int(os.environ.get(DEVICES_ENV_VAR, "0") or 0)
+
+    def get_device_name(self, device_id: int = 0, **kwargs: Any) -> str:
+        return f"Ascend stub NPU {device_id}"
+
+    def get_device_capability(self, device_id: int = 0, **kwargs: Any) -> None:
+        return None
+
+    def total_memory(self, device_id: int = 0, **kwargs: Any) -> int:
+        return STUB_DEVICE_MEMORY
+
+    def set_device(self, device_id: int, **kwargs: Any) -> None:
+        if not 0 <= device_id < self.device_count():
+            raise ValueError(
+                f"ascend_stub device {device_id} does not exist; "
+                f"{DEVICES_ENV_VAR}={self.device_count()}"
+            )
+        self._current_device = device_id
+
+    def synchronize(self, **kwargs: Any) -> None:
+        return None  # the simulated device runs synchronously

@@ -1,0 +1,39 @@
+"""Entry point of the ascend_stub plugin.
+
+slotwise imports this module (named in pyproject.toml's entry point) and calls
+the functions marked ``@hookimpl``.  Keep it light: no torch, no device work.
+"""
+
+from __future__ import annotations
+
+import os
+
+from slotwise.platforms import PlatformSpec
+from slotwise.plugins import hookimpl
+
+#: Real NPUs are made visible by an environment variable; so is the stub.
+DEVICES_ENV_VAR = "SLOTWISE_ASCEND_STUB_DEVICES"
+
+
+def probe() -> bool | str:
+    """Cheap availability check: read the environment, never touch a device."""
+    value = os.environ.get(DEVICES_ENV_VAR, "").strip()
+    if not value:
+        return f"{DEVICES_ENV_VAR} is not set (set it to the number of stub NPUs, e.g. 1)"
+    if not value.isdigit() or int(value) < 1:
+        return f"{DEVICES_ENV_VAR}={value!r} is not a positive device count"
+    return True
+
+
+@hookimpl
+def slotwise_platforms() -> list[PlatformSpec]:
+    return [
+        PlatformSpec(
+            name="ascend_stub",
+            # Imported only if this platform is selected.
+            platform_cls="slotwise_ascend_stub.platform:AscendStubPlatform",
+            probe=probe,
+            priority=200,  # accelerators from vendors outrank cuda (100) and cpu (0)
+            requires_api=">=1.0,<2",  # the slotwise plugin API this was written against
+        )
+    ]

@@ -1,0 +1,1 @@
+"""slotwise platform plugin for CPUs: always available, lowest priority."""

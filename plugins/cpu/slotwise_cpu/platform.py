@@ -1,0 +1,63 @@
+"""``CpuPlatform``: runs everything on the host CPU, without static graphs.
+
+Devices are the CPUs this process may run on (its affinity mask), so the count
+follows ``taskset``/cgroup limits rather than the machine's size.  Nothing here
+imports torch at module level: resolving to the CPU platform stays cheap.
+"""
+
+from __future__ import annotations
+
+import os
+import platform as _pyplatform
+from pathlib import Path
+from typing import Any
+
+from slotwise.platforms import Platform
+
+
+class CpuPlatform(Platform):
+    name = "cpu"
+    device_type = "cpu"
+    dispatch_key = "CPU"
+    dist_backend = "gloo"
+    device_control_env_var = ""
+    default_compile_backend = "inductor"
+    supports_static_graph = False
+    custom_op_key = "cpu"
+
+    def device_count(self, **kwargs: Any) -> int:
+        return len(os.sched_getaffinity(0))
+
+    def get_device_name(self, device_id: int = 0, **kwargs: Any) -> str:
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+        return _pyplatform.processor() or _pyplatform.machine() or "CPU"
+
+    def get_device_capability(self, device_id: int = 0, **kwargs: Any) -> None:
+        return None  # compute capabilities are a GPU notion
+
+    def total_memory(self, device_id: int = 0, **kwargs: Any) -> int:
+        """Physical memory, or the cgroup limit when the process runs under a lower one."""
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        try:
+            limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        except OSError:
+            return physical
+        return min(physical, int(limit)) if limit.isdigit() else physical
+
+    def current_memory_usage(self, device_id: int = 0, **kwargs: Any) -> int:
+        """Resident set size of this process."""
+        resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return resident_pages * os.sysconf("SC_PAGE_SIZE")
+
+    def set_device(self, device_id: int, **kwargs: Any) -> None:
+        count = self.device_count()
+        if not 0 <= device_id < count:
+            raise ValueError(f"cpu device {device_id} does not exist; this process has {count}")
+
+    def synchronize(self, **kwargs: Any) -> None:
+        return None  # CPU kernels run synchronously

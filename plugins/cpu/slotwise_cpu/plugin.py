@@ -1,0 +1,23 @@
+"""Entry point of the CPU plugin: registers the ``cpu`` platform."""
+
+from __future__ import annotations
+
+from slotwise.platforms import PlatformSpec
+from slotwise.plugins import hookimpl
+
+
+def probe() -> bool:
+    return True  # a CPU is always there
+
+
+@hookimpl
+def slotwise_platforms() -> list[PlatformSpec]:
+    return [
+        PlatformSpec(
+            name="cpu",
+            platform_cls="slotwise_cpu.platform:CpuPlatform",
+            probe=probe,
+            priority=0,
+            requires_api=">=1.0,<2",
+        )
+    ]

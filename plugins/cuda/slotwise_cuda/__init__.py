@@ -1,0 +1,1 @@
+"""slotwise platform plugin for NVIDIA GPUs."""

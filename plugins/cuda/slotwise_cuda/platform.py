@@ -1,0 +1,67 @@
+"""``CudaPlatform``: NVIDIA GPUs through torch.cuda, with CUDA graphs.
+
+torch is imported inside methods only: this module is imported when the platform
+is selected, and selection must not create a CUDA context.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slotwise.platforms import Platform
+
+
+class CudaPlatform(Platform):
+    name = "cuda"
+    device_type = "cuda"
+    dispatch_key = "CUDA"
+    dist_backend = "nccl"
+    device_control_env_var = "CUDA_VISIBLE_DEVICES"
+    default_compile_backend = "inductor"
+    supports_static_graph = True
+    custom_op_key = "cuda"
+
+    _pool: Any = None
+
+    def device_count(self, **kwargs: Any) -> int:
+        import torch
+
+        return torch.cuda.device_count()
+
+    def get_device_name(self, device_id: int = 0, **kwargs: Any) -> str:
+        import torch
+
+        return torch.cuda.get_device_name(device_id)
+
+    def get_device_capability(self, device_id: int = 0, **kwargs: Any) -> tuple[int, int]:
+        import torch
+
+        return torch.cuda.get_device_capability(device_id)
+
+    def total_memory(self, device_id: int = 0, **kwargs: Any) -> int:
+        import torch
+
+        return torch.cuda.get_device_properties(device_id).total_memory
+
+    def current_memory_usage(self, device_id: int = 0, **kwargs: Any) -> int:
+        import torch
+
+        return torch.cuda.memory_allocated(device_id)
+
+    def set_device(self, device_id: int, **kwargs: Any) -> None:
+        import torch
+
+        torch.cuda.set_device(device_id)
+
+    def synchronize(self, **kwargs: Any) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+
+    def graph_pool(self, **kwargs: Any) -> Any:
+        """One memory pool for every CUDA graph of the process, so pieces share memory."""
+        if self._pool is None:
+            import torch
+
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool

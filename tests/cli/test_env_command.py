@@ -1,0 +1,68 @@
+"""`slotwise env`, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import clean_env
+
+
+def slotwise(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "slotwise", *args],
+        capture_output=True,
+        text=True,
+        env=clean_env(**env),
+        timeout=120,
+    )
+
+
+def test_env_json_reports_versions_platform_and_every_plugin():
+    result = slotwise("env", "--json")
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert info["platform"] == "cpu"
+    assert info["torch"].startswith("2.")
+    assert info["api_version"] == "1.0"
+    assert info["devices"]["count"] >= 1
+    assert info["devices"]["list"][0]["total_memory"] > 0
+    statuses = {row["name"]: row["status"] for row in info["plugins"]}
+    assert statuses == {"cpu": "selected", "cuda": "unavailable", "ascend_stub": "unavailable"}
+    distributions = {row["distribution"] for row in info["plugins"]}
+    assert distributions == {"slotwise-cpu", "slotwise-cuda", "slotwise-ascend-stub"}
+
+
+def test_env_table_says_why_the_platform_won():
+    result = slotwise("env", SLOTWISE_ASCEND_STUB_DEVICES="2")
+    assert result.returncode == 0, result.stderr
+    assert "platform ascend_stub: highest priority (200)" in result.stdout
+    assert "devices  2 x Ascend stub NPU 0" in result.stdout
+    assert "also available: cpu" not in result.stdout  # cpu is never probed for nothing
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"SLOTWISE_PLATFORM": "nope"}, "Known platforms: ascend_stub, cpu, cuda"),
+        ({"SLOTWISE_PLUGINS": "cuda"}, "no installed platform is available"),
+    ],
+)
+def test_env_without_a_usable_platform_explains_and_exits_nonzero(env, message):
+    result = slotwise("env", **env)
+    assert result.returncode == 1
+    assert message in result.stdout
+
+
+def test_console_script_is_installed():
+    script = subprocess.run(
+        [sys.executable, "-c", "import shutil, sys, os; print(os.path.dirname(sys.executable))"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    result = subprocess.run(
+        [f"{script}/slotwise", "env", "--json"], capture_output=True, text=True, env=clean_env()
+    )
+    assert json.loads(result.stdout)["slotwise"]
