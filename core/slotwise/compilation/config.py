@@ -1,0 +1,483 @@
+"""Compilation settings: one validated object, however the user spells it.
+
+A config can come from keyword arguments, a dict, a JSON string or file, the
+``SLOTWISE_COMPILATION_CONFIG`` variable or ``-O`` flags; every route ends in the same
+``__post_init__`` so a mistake is reported the same way, early, naming the key and what
+is accepted. This module never imports torch: configs are parsed before torch loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import difflib
+import enum
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from slotwise import envs
+from slotwise.errors import SlotwiseError
+
+ENV_CONFIG = "SLOTWISE_COMPILATION_CONFIG"
+ENV_CACHE_ROOT = "SLOTWISE_CACHE_ROOT"
+ENV_DISABLE_CACHE = "SLOTWISE_DISABLE_COMPILE_CACHE"
+
+#: What ``splitting_ops=None`` means: split the graph around attention.
+DEFAULT_SPLITTING_OPS: list[str] = ["slotwise::unified_attention_with_output"]
+#: Largest default capture size when neither ``capture_sizes`` nor a maximum is given.
+DEFAULT_MAX_CAPTURE_SIZE = 512
+DEFAULT_CACHE_DIR = "~/.cache/slotwise/compile"
+
+_OP_NAME = re.compile(r"[A-Za-z_]\w*::[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?")
+_CUSTOM_OP_TOGGLE = re.compile(r"[+-][A-Za-z_][\w.]*")
+_BACKEND_PATH = re.compile(r"[\w.]+:[\w.]+")
+
+
+class ConfigError(SlotwiseError, ValueError):
+    """A compilation setting was rejected; the message says which and what would be accepted."""
+
+
+def _rejected(key: str, value: object, accepted: str) -> ConfigError:
+    return ConfigError(f"compilation config key {key!r}: got {value!r}; accepted: {accepted}")
+
+
+class CompilationLevel(enum.IntEnum):
+    """How much of the model torch.compile handles; each level does what the one below does."""
+
+    NO_COMPILATION = 0
+    DYNAMO_AS_IS = 1
+    DYNAMO_ONCE = 2
+    PIECEWISE = 3
+
+    @classmethod
+    def parse(cls, value: object) -> CompilationLevel:
+        """Accept a member, an int 0-3, a digit string or a name in any case."""
+        candidate = value
+        if isinstance(value, str):
+            text = value.strip()
+            if text.upper() in cls.__members__:
+                return cls[text.upper()]
+            if re.fullmatch(r"\d+", text):
+                candidate = int(text)
+        if isinstance(candidate, int) and not isinstance(candidate, bool):
+            try:
+                return cls(candidate)
+            except ValueError:
+                pass
+        names = ", ".join(f"{level.value} ({level.name})" for level in cls)
+        raise _rejected("level", value, f"{names}, as an int, digit string or name in any case")
+
+
+class GraphMode(enum.Enum):
+    """Which static graphs (CUDA graphs, NPU graphs) a platform captures and replays."""
+
+    NONE = "NONE"
+    PIECEWISE = "PIECEWISE"
+    FULL = "FULL"
+    FULL_AND_PIECEWISE = "FULL_AND_PIECEWISE"
+
+    @property
+    def has_full_graphs(self) -> bool:
+        return self in (GraphMode.FULL, GraphMode.FULL_AND_PIECEWISE)
+
+    @property
+    def has_piecewise_graphs(self) -> bool:
+        return self in (GraphMode.PIECEWISE, GraphMode.FULL_AND_PIECEWISE)
+
+    @property
+    def is_runtime_mode(self) -> bool:
+        """One forward pass replays one kind of graph; FULL_AND_PIECEWISE only names a config."""
+        return self is not GraphMode.FULL_AND_PIECEWISE
+
+    @classmethod
+    def runtime_modes(cls) -> tuple[GraphMode, ...]:
+        return tuple(mode for mode in cls if mode.is_runtime_mode)
+
+    @classmethod
+    def parse(cls, value: object) -> GraphMode:
+        """Accept a member or its name in any case."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str) and value.strip().upper() in cls.__members__:
+            return cls[value.strip().upper()]
+        names = ", ".join(cls.__members__)
+        raise _rejected("graph_mode", value, f"{names} (any case); null lets the platform choose")
+
+
+def _require_list(key: str, value: object, accepted: str) -> list[Any] | tuple[Any, ...]:
+    # A string is iterable too, but "1,2" is never what a list-valued key meant.
+    if not isinstance(value, (list, tuple)):
+        raise _rejected(key, value, accepted)
+    return value
+
+
+def _sizes(key: str, value: object) -> list[int]:
+    accepted = "a list of positive integers (not booleans)"
+    sizes: set[int] = set()
+    for size in _require_list(key, value, accepted):
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise _rejected(key, size, accepted)
+        sizes.add(size)
+    return sorted(sizes)
+
+
+def _count(key: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _rejected(key, value, "a non-negative integer (not a boolean)")
+    return value
+
+
+def _backend(value: object) -> str:
+    if isinstance(value, str) and (
+        value in ("", "eager", "inductor") or _BACKEND_PATH.fullmatch(value)
+    ):
+        return value
+    accepted = '"" (platform default), "eager", "inductor" or "module:Class" of a compiler'
+    raise _rejected("backend", value, accepted)
+
+
+def _splitting_ops(value: object) -> list[str] | None:
+    if value is None:
+        return None
+    accepted = 'null (the attention ops), [] (no split) or "ns::op" / "ns::op.overload" names'
+    ops: list[str] = []
+    for name in _require_list("splitting_ops", value, accepted):
+        if not isinstance(name, str) or not _OP_NAME.fullmatch(name):
+            raise _rejected("splitting_ops", name, accepted)
+        if name not in ops:
+            ops.append(name)
+    return ops
+
+
+def _custom_ops(value: object) -> list[str]:
+    accepted = 'a list of "all", "none", "+name" (enable) or "-name" (disable)'
+    entries: list[str] = []
+    for entry in _require_list("custom_ops", value, accepted):
+        if not isinstance(entry, str) or not (
+            entry in ("all", "none") or _CUSTOM_OP_TOGGLE.fullmatch(entry)
+        ):
+            raise _rejected("custom_ops", entry, accepted)
+        if entry not in entries:
+            entries.append(entry)
+    if "all" in entries and "none" in entries:
+        raise _rejected("custom_ops", entries, '"all" or "none", not both')
+    enabled = {entry[1:] for entry in entries if entry[0] == "+"}
+    disabled = {entry[1:] for entry in entries if entry[0] == "-"}
+    both = sorted(enabled & disabled)
+    if both:
+        raise _rejected("custom_ops", entries, f'"+{both[0]}" or "-{both[0]}", not both')
+    return entries
+
+
+def _json_data(key: str, value: object) -> Any:
+    """Copy ``value``, insisting on JSON types so to_dict() and compute_hash() are exact."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_json_data(key, item) for item in value]
+    if isinstance(value, Mapping) and all(isinstance(name, str) for name in value):
+        return {name: _json_data(f"{key}.{name}", item) for name, item in value.items()}
+    raise _rejected(key, value, "JSON data: strings, numbers, booleans, null, lists, objects")
+
+
+def _inductor_config(value: object) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise _rejected("inductor_config", value, "an object of Inductor option names to values")
+    return _json_data("inductor_config", value)
+
+
+def _default_capture_sizes(max_size: int) -> list[int]:
+    """Dense where batches are common (small decode batches), sparser as they grow."""
+    candidates = [1, 2, 4, *range(8, 257, 8), *range(272, max_size + 1, 16)]
+    return [size for size in candidates if size <= max_size]
+
+
+@dataclass(kw_only=True)
+class CompilationConfig:
+    """Everything that decides how a model is compiled and which static graphs it captures.
+
+    Construct it with keyword arguments or one of the ``from_*`` builders; the values are
+    checked and normalised on construction. Use :meth:`replace` for a changed copy.
+    """
+
+    level: CompilationLevel = CompilationLevel.PIECEWISE
+    #: "" lets the platform choose; "eager", "inductor" or "module:Class" of a compiler.
+    backend: str = ""
+    #: None splits at DEFAULT_SPLITTING_OPS; [] keeps the graph whole.
+    splitting_ops: list[str] | None = None
+    custom_ops: list[str] = field(default_factory=list)
+    #: Sizes that also get a specialised (static-shape) compile besides the general one.
+    compile_sizes: list[int] = field(default_factory=list)
+    #: Sizes whose static graphs are captured; None derives them from max_capture_size.
+    capture_sizes: list[int] | None = None
+    max_capture_size: int | None = None
+    #: None leaves the choice to the platform.
+    graph_mode: GraphMode | None = None
+    #: Eager runs before capture, so lazy initialisation stays out of the graph.
+    graph_warmups: int = 1
+    use_inductor_graph_partition: bool = False
+    cache_dir: str = ""
+    disable_cache: bool = False
+    inductor_config: dict[str, Any] = field(default_factory=dict)
+    #: Check input addresses on every replay, not only the first of each size.
+    debug_checks: bool = False
+    # Sizes filled in from defaults; replace() derives them again instead of freezing them.
+    _derived: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.level = CompilationLevel.parse(self.level)
+        self.backend = _backend(self.backend)
+        self.splitting_ops = _splitting_ops(self.splitting_ops)
+        self.custom_ops = _custom_ops(self.custom_ops)
+        self.compile_sizes = _sizes("compile_sizes", self.compile_sizes)
+        self._resolve_capture_sizes()
+        if self.graph_mode is not None:
+            self.graph_mode = GraphMode.parse(self.graph_mode)
+        self.graph_warmups = _count("graph_warmups", self.graph_warmups)
+        for key in ("use_inductor_graph_partition", "disable_cache", "debug_checks"):
+            if not isinstance(getattr(self, key), bool):
+                raise _rejected(key, getattr(self, key), "true or false")
+        if not isinstance(self.cache_dir, str):
+            raise _rejected("cache_dir", self.cache_dir, 'a directory path, or "" for the default')
+        self.inductor_config = _inductor_config(self.inductor_config)
+
+    def _resolve_capture_sizes(self) -> None:
+        derived: set[str] = set()
+        limit = self.max_capture_size
+        if limit is not None:
+            limit = _count("max_capture_size", limit)
+        if self.capture_sizes is None:
+            if limit is None:
+                limit = DEFAULT_MAX_CAPTURE_SIZE
+                derived.add("max_capture_size")
+            self.capture_sizes = _default_capture_sizes(limit)
+            derived.add("capture_sizes")
+        else:
+            self.capture_sizes = _sizes("capture_sizes", self.capture_sizes)
+            if limit is None:
+                limit = max(self.capture_sizes, default=0)
+                derived.add("max_capture_size")
+            elif self.capture_sizes and self.capture_sizes[-1] > limit:
+                accepted = f"sizes up to max_capture_size ({limit})"
+                raise _rejected("capture_sizes", self.capture_sizes[-1], accepted)
+        self.max_capture_size = limit
+        self._derived = frozenset(derived)
+
+    @property
+    def resolved_splitting_ops(self) -> list[str]:
+        ops = DEFAULT_SPLITTING_OPS if self.splitting_ops is None else self.splitting_ops
+        return list(ops)
+
+    @property
+    def resolved_cache_dir(self) -> str:
+        root = self.cache_dir or envs.get(ENV_CACHE_ROOT) or DEFAULT_CACHE_DIR
+        return os.path.expanduser(root)
+
+    @property
+    def cache_enabled(self) -> bool:
+        """The environment can switch the cache off without anyone editing the config."""
+        return not self.disable_cache and not envs.flag(ENV_DISABLE_CACHE)
+
+    def custom_op_enabled(self, name: str, resolved_backend: str | None = None) -> bool:
+        """Whether custom op ``name`` uses its platform kernel rather than ``forward_native``.
+
+        By default Inductor at level 3 gets the native code, which it fuses better than an
+        opaque kernel; ``resolved_backend`` is what ``backend=""`` turned into.
+        """
+        if f"+{name}" in self.custom_ops:
+            return True
+        if f"-{name}" in self.custom_ops:
+            return False
+        if "all" in self.custom_ops:
+            return True
+        if "none" in self.custom_ops:
+            return False
+        backend = self.backend if resolved_backend is None else resolved_backend
+        return not (self.level == CompilationLevel.PIECEWISE and backend == "inductor")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable snapshot; ``from_dict`` of it gives an equal config."""
+        data: dict[str, Any] = {}
+        for spec in fields(self):
+            if spec.init:
+                value = getattr(self, spec.name)
+                data[spec.name] = value.name if isinstance(value, enum.Enum) else value
+        return copy.deepcopy(data)
+
+    def replace(self, **changes: Any) -> CompilationConfig:
+        """Validated copy with ``changes``; sizes that were defaulted are derived again."""
+        _check_keys(changes)
+        data = {key: value for key, value in self.to_dict().items() if key not in self._derived}
+        data.update(changes)
+        return type(self)(**data)
+
+    def compute_hash(self) -> str:
+        """Hash of what changes compiled code, for cache keys; runtime-only knobs stay out."""
+        factors = {
+            "level": self.level.name,
+            "backend": self.backend,
+            "splitting_ops": self.resolved_splitting_ops,
+            "custom_ops": sorted(self.custom_ops),
+            "compile_sizes": self.compile_sizes,
+            "use_inductor_graph_partition": self.use_inductor_graph_partition,
+            "inductor_config": self.inductor_config,
+            "graph_mode": None if self.graph_mode is None else self.graph_mode.name,
+        }
+        canonical = json.dumps(factors, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CompilationConfig:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"a compilation config must be a mapping/JSON object, got {data!r}")
+        _check_keys(data)
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> CompilationConfig:
+        return cls.from_dict(_json_object(text, "compilation config JSON"))
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> CompilationConfig:
+        """Load a JSON file; ``~`` is expanded."""
+        name = os.path.expanduser(os.fspath(path))
+        try:
+            text = Path(name).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"compilation config file {name!r} does not exist") from None
+        except OSError as err:
+            raise ConfigError(f"cannot read compilation config file {name!r}: {err}") from err
+        data = _json_object(text, f"compilation config file {name!r}")
+        try:
+            return cls.from_dict(data)
+        except ConfigError as err:
+            raise ConfigError(f"in {name!r}: {err}") from err
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> CompilationConfig:
+        """Read SLOTWISE_COMPILATION_CONFIG: a JSON object or a JSON file's path."""
+        raw = (os.environ if environ is None else environ).get(ENV_CONFIG, "").strip()
+        if not raw:
+            return cls()
+        try:
+            return cls.from_json(raw) if raw.startswith("{") else cls.from_file(raw)
+        except ConfigError as err:
+            raise ConfigError(f"{ENV_CONFIG}: {err}") from err
+
+    @classmethod
+    def from_cli(cls, flags: Iterable[str]) -> CompilationConfig:
+        """Combine ``-O`` values in order, later ones overriding earlier ones.
+
+        Each is a level (``3``), ``.key=value`` with a JSON value or, failing JSON, the raw
+        string (``.inductor_config.NAME=value`` sets one Inductor option), or a JSON object.
+        """
+        data: dict[str, Any] = {}
+        for flag in flags:
+            _apply_flag(data, flag)
+        return cls.from_dict(data)
+
+    @staticmethod
+    def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "-O",
+            "--compilation-config",
+            action="append",
+            dest="compilation_config",
+            metavar="CONFIG",
+            help=(
+                "compilation setting, repeatable, later wins: a level (-O3), .key=value "
+                "(-O.graph_mode=PIECEWISE, -O.capture_sizes=[1,2,4]) or a JSON object"
+            ),
+        )
+
+    @classmethod
+    def from_cli_namespace(cls, namespace: argparse.Namespace) -> CompilationConfig:
+        return cls.from_cli(getattr(namespace, "compilation_config", None) or [])
+
+    @classmethod
+    def coerce(cls, obj: object) -> CompilationConfig:
+        """Build from whatever a caller passed; None means "what the environment says"."""
+        if obj is None:
+            return cls.from_env()
+        if isinstance(obj, cls):
+            return obj
+        if isinstance(obj, Mapping):
+            return cls.from_dict(obj)
+        if isinstance(obj, int) and not isinstance(obj, bool):
+            return cls(level=CompilationLevel.parse(obj))
+        if isinstance(obj, str) and obj.strip().startswith("{"):
+            return cls.from_json(obj)
+        if isinstance(obj, (str, os.PathLike)):
+            return cls.from_file(obj)
+        raise ConfigError(
+            f"cannot build a CompilationConfig from {obj!r}; accepted: None, a "
+            "CompilationConfig, a dict, a JSON object string, a JSON file path or a level int"
+        )
+
+
+_KEYS = tuple(spec.name for spec in fields(CompilationConfig) if spec.init)
+
+
+def _check_keys(data: Mapping[Any, Any]) -> None:
+    for key in data:
+        if key not in _KEYS:
+            raise _unknown_key(key)
+
+
+def _unknown_key(key: object) -> ConfigError:
+    matches = difflib.get_close_matches(str(key), _KEYS, n=1)
+    hint = f" (did you mean {matches[0]!r}?)" if matches else ""
+    return ConfigError(
+        f"unknown compilation config key {key!r}{hint}; accepted keys: {', '.join(_KEYS)}"
+    )
+
+
+def _json_object(text: object, source: str) -> dict[str, Any]:
+    if not isinstance(text, str):
+        raise ConfigError(f"{source} must be a string, got {text!r}")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{source} is not valid JSON ({err}): {text!r}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source} must be a JSON object, got {data!r}")
+    return data
+
+
+def _apply_flag(data: dict[str, Any], flag: str) -> None:
+    text = flag.strip()
+    if text.startswith("{"):
+        data.update(_json_object(text, f"-O {flag!r}"))
+        return
+    if not text.startswith("."):
+        try:
+            data["level"] = CompilationLevel.parse(text)
+        except ConfigError:
+            raise ConfigError(
+                f"-O {flag!r}: accepted: a level (0-3 or its name), .key=value or a JSON object"
+            ) from None
+        return
+    path, equals, raw = text[1:].partition("=")
+    if not equals or not path:
+        raise ConfigError(f"-O {flag!r}: accepted: .key=value, e.g. -O.level=3")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw  # -O.backend=eager: a bare word is a string
+    key, dot, option = path.partition(".")
+    if key not in _KEYS:
+        raise _unknown_key(key)
+    if not dot:
+        data[key] = value
+    elif key == "inductor_config":
+        # Inductor's own option names contain dots ("triton.cudagraphs"): keep them whole.
+        options = data.get(key)
+        data[key] = {**(options if isinstance(options, dict) else {}), option: value}
+    else:
+        raise ConfigError(f"-O {flag!r}: key {key!r} has no sub-keys; only inductor_config does")
