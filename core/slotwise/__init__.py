@@ -28,4 +28,8 @@ def __getattr__(name: str) -> Any:
         from slotwise.platforms import current_platform
 
         return current_platform
+    if name == "compile":
+        from slotwise.compilation.compile_module import compile
+
+        return compile
     raise AttributeError(f"module 'slotwise' has no attribute {name!r}")

@@ -110,17 +110,39 @@ class Platform:
     def get_attention_backend_cls(self, selected: str | None = None, **requirements: Any) -> type:
         """The attention backend class for ``requirements`` (head_size, dtype, block_size).
 
-        ``selected`` is a backend name the user asked for (SLOTWISE_ATTENTION_BACKEND).
+        ``selected`` (else SLOTWISE_ATTENTION_BACKEND) names a backend to use; otherwise
+        the first of this platform's registered backends, by priority, that fits.
+        Plugins register backends through ``slotwise_register_attention_backends``, so
+        platforms rarely override this.
         """
-        self._not_implemented("get_attention_backend_cls", "register an attention backend")
+        from slotwise.attention.registry import get_attention_backend_registry
+        from slotwise.attention.selector import select_attention_backend
+
+        if not get_attention_backend_registry().entries(self.name):
+            self._not_implemented(
+                "get_attention_backend_cls",
+                "no plugin registers an attention backend for it "
+                "(hook slotwise_register_attention_backends)",
+            )
+        return select_attention_backend(self.name, selected, **requirements)
 
     def get_communicator_cls(self, **kwargs: Any) -> type:
         """The ``slotwise.distributed.Communicator`` subclass for this platform."""
         self._not_implemented("get_communicator_cls")
 
     def get_piecewise_backend_cls(self, **kwargs: Any) -> type:
-        """The ``AbstractPiecewiseBackend`` subclass that compiles each piece at level 3."""
-        self._not_implemented("get_piecewise_backend_cls")
+        """The ``AbstractPiecewiseBackend`` subclass that runs each piece at level 3.
+
+        Default: ``CompiledPiecewiseBackend`` (compile and dispatch, no capture) for
+        platforms without static graphs; graph platforms must return their own.
+        """
+        if self.supports_static_graph:
+            self._not_implemented(
+                "get_piecewise_backend_cls", "platforms with static graphs must capture them"
+            )
+        from slotwise.compilation.piecewise_backend import CompiledPiecewiseBackend
+
+        return CompiledPiecewiseBackend
 
     def get_static_graph_wrapper_cls(self, **kwargs: Any) -> type | None:
         """Whole-model static-graph wrapper (for FULL graphs); None where unsupported."""

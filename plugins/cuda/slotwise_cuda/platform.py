@@ -21,8 +21,6 @@ class CudaPlatform(Platform):
     supports_static_graph = True
     custom_op_key = "cuda"
 
-    _pool: Any = None
-
     def device_count(self, **kwargs: Any) -> int:
         import torch
 
@@ -60,8 +58,16 @@ class CudaPlatform(Platform):
 
     def graph_pool(self, **kwargs: Any) -> Any:
         """One memory pool for every CUDA graph of the process, so pieces share memory."""
-        if self._pool is None:
-            import torch
+        from slotwise_cuda.graph_api import cuda_graph_api
 
-            self._pool = torch.cuda.graph_pool_handle()
-        return self._pool
+        return cuda_graph_api.pool()
+
+    def get_piecewise_backend_cls(self, **kwargs: Any) -> type:
+        from slotwise_cuda.piecewise_backend import CudaPiecewiseBackend
+
+        return CudaPiecewiseBackend
+
+    def get_static_graph_wrapper_cls(self, **kwargs: Any) -> type:
+        from slotwise_cuda.graph_wrapper import CudaGraphWrapper
+
+        return CudaGraphWrapper

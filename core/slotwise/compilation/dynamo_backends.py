@@ -1,0 +1,169 @@
+"""The functions torch.compile calls with each Dynamo graph, one per compilation level."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from torch._dynamo.backends.registry import lookup_backend
+from torch.fx.experimental.proxy_tensor import enable_python_dispatcher
+
+from slotwise.compilation.compile_cache import CompileCache
+from slotwise.compilation.compile_counters import counters
+from slotwise.compilation.compilers import Compiler, make_compiler
+from slotwise.compilation.config import CompilationConfig, GraphMode
+from slotwise.compilation.inductor_partition import (
+    PartitionedInductorCompiler,
+    SizedStep,
+    platform_partition_wrapper,
+)
+from slotwise.compilation.piecewise_backend import CompiledPiecewiseBackend
+from slotwise.compilation.splitting import split_graph
+from slotwise.platforms import Platform
+
+DynamoBackend = Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]
+
+
+def as_is_backend(config: CompilationConfig) -> DynamoBackend:
+    """Level 1: plain torch.compile with the configured compiler; Dynamo guards as usual."""
+    if config.backend in ("eager", "inductor"):
+        compile_graph = lookup_backend(config.backend)
+    else:
+        compiler = make_compiler(config.backend, config)
+
+        def compile_graph(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+            return compiler.compile(graph, example_inputs, runtime_shape=None).fn
+
+    def backend(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        counters.bump("num_graphs_seen")
+        return compile_graph(graph, example_inputs)
+
+    return backend
+
+
+class GraphCompiler:
+    """Levels 2 and 3: compile each Dynamo graph of one model, once.
+
+    At level 3 the graph is split at the splitting ops and every capturable piece
+    becomes an instance of the platform's piecewise backend (or, with Inductor graph
+    partition, Inductor splits and the platform wraps each partition); at level 2
+    the whole graph is one compile-and-dispatch piece.  FULL graph modes wrap the
+    result in the platform's static-graph wrapper.
+    """
+
+    def __init__(
+        self,
+        config: CompilationConfig,
+        platform: Platform,
+        *,
+        cache_factors: dict[str, str],
+        piecewise: bool,
+    ) -> None:
+        self.config = config
+        self.platform = platform
+        self.cache_factors = cache_factors
+        self.partition = piecewise and config.use_inductor_graph_partition
+        self.split = piecewise and not self.partition
+        self.compiler: Compiler = (
+            PartitionedInductorCompiler(
+                config,
+                platform_partition_wrapper(platform.get_static_graph_wrapper_cls(), config),
+            )
+            if self.partition
+            else make_compiler(config.backend, config)
+        )
+        self.graphs_compiled = 0
+
+    def _new_cache(self) -> CompileCache:
+        factors = dict(self.cache_factors, graph_index=str(self.graphs_compiled))
+        self.graphs_compiled += 1
+        return CompileCache(self.config, self.compiler, factors=factors)
+
+    def __call__(self, graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        counters.bump("num_graphs_seen")
+        cache = self._new_cache()
+        if self.split:
+            compiled = self._split(graph, example_inputs, cache)
+        else:
+            compiled = CompiledPiecewiseBackend(
+                graph,
+                self.config,
+                piece_index=0,
+                num_pieces=1,
+                example_inputs=example_inputs,
+                compile_cache=cache,
+            )
+            if self.partition:
+                compiled = SizedStep(compiled, example_inputs)
+        if self.config.graph_mode and self.config.graph_mode.has_full_graphs:
+            wrapper_cls = self.platform.get_static_graph_wrapper_cls()
+            compiled = wrapper_cls(
+                compiled, self.config, runtime_mode=GraphMode.FULL, example_inputs=example_inputs
+            )
+        return compiled
+
+    def _split(
+        self, graph: torch.fx.GraphModule, example_inputs: list[Any], cache: CompileCache
+    ) -> torch.fx.GraphModule:
+        split, pieces = split_graph(graph, self.config.resolved_splitting_ops)
+        capturable = [piece.name for piece in pieces if piece.is_capturable]
+        counters.bump("num_piecewise_graphs_seen", len(pieces))
+        counters.bump("num_piecewise_capturable_graphs_seen", len(capturable))
+        backend_cls = self.platform.get_piecewise_backend_cls()
+
+        def make_backend(name: str, piece_inputs: Sequence[Any]) -> Any:
+            return backend_cls(
+                getattr(split, name),
+                self.config,
+                piece_index=capturable.index(name),
+                num_pieces=len(capturable),
+                example_inputs=piece_inputs,
+                compile_cache=cache,
+            )
+
+        _install_piece_backends(split, set(capturable), make_backend, example_inputs)
+        return split
+
+
+class _PieceBackendInstaller(torch.fx.Interpreter):
+    """Runs the split graph on the fake example inputs so that every capturable piece
+    sees its own inputs, and swaps the piece for its backend."""
+
+    def __init__(
+        self,
+        split: torch.fx.GraphModule,
+        capturable: set[str],
+        make_backend: Callable[[str, Sequence[Any]], Any],
+    ) -> None:
+        super().__init__(split)
+        self.capturable = capturable
+        self.make_backend = make_backend
+
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        output = super().call_module(target, args, kwargs)
+        if target in self.capturable:
+            # The generated code calls self.<name>(...): an instance attribute takes
+            # precedence over the registered submodule of the same name.
+            self.module.__dict__[target] = self.make_backend(target, args)
+        return output
+
+
+def _install_piece_backends(
+    split: torch.fx.GraphModule,
+    capturable: set[str],
+    make_backend: Callable[[str, Sequence[Any]], Any],
+    example_inputs: list[Any],
+) -> None:
+    fake_mode = torch._guards.detect_fake_mode(example_inputs)
+    if fake_mode is None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        fake_mode = FakeTensorMode()
+    fake_inputs = [
+        fake_mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
+        for value in example_inputs
+    ]
+    with fake_mode, enable_python_dispatcher():
+        _PieceBackendInstaller(split, capturable, make_backend).run(*fake_inputs)

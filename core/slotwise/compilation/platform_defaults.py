@@ -1,0 +1,64 @@
+"""What ``Platform.check_and_update_config`` does unless a platform overrides it."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from slotwise.compilation.config import CompilationLevel, ConfigError, GraphMode
+
+if TYPE_CHECKING:
+    from slotwise.compilation.config import CompilationConfig
+    from slotwise.platforms import Platform
+
+logger = logging.getLogger("slotwise")
+
+
+def apply_platform_defaults(platform: Platform, config: CompilationConfig) -> None:
+    """Fill in the platform's compile backend and graph mode; refuse what cannot work.
+
+    A graph mode the user asked for on a platform without static graphs is turned
+    off with a warning; a mode that contradicts the level is a ConfigError, since
+    guessing which of the two settings the user meant would be a silent fallback.
+    """
+    if not config.backend:
+        config.backend = platform.default_compile_backend
+    if config.graph_mode is not None and (
+        config.graph_mode.has_piecewise_graphs and config.level != CompilationLevel.PIECEWISE
+    ):
+        raise ConfigError(
+            f"compilation config key 'graph_mode': {config.graph_mode.name} needs piecewise "
+            f"compilation, but level is {config.level.name}; set level=3 or graph_mode=FULL/NONE"
+        )
+    if config.graph_mode is None:
+        wants_graphs = platform.supports_static_graph and config.level == CompilationLevel.PIECEWISE
+        config.graph_mode = GraphMode.PIECEWISE if wants_graphs else GraphMode.NONE
+    elif config.graph_mode != GraphMode.NONE and not platform.supports_static_graph:
+        logger.warning(
+            "platform %s has no static graphs: graph_mode=%s turned to NONE",
+            platform.name,
+            config.graph_mode.name,
+        )
+        config.graph_mode = GraphMode.NONE
+    if config.graph_mode.has_full_graphs and platform.get_static_graph_wrapper_cls() is None:
+        downgraded = (
+            GraphMode.PIECEWISE if config.graph_mode.has_piecewise_graphs else GraphMode.NONE
+        )
+        logger.warning(
+            "platform %s has no full-model static graphs: graph_mode=%s turned to %s",
+            platform.name,
+            config.graph_mode.name,
+            downgraded.name,
+        )
+        config.graph_mode = downgraded
+    if config.use_inductor_graph_partition:
+        import torch
+
+        from slotwise.compilation.inductor_partition import check_partition_supported
+
+        check_partition_supported(torch.__version__)
+    if config.use_inductor_graph_partition and config.backend != "inductor":
+        raise ConfigError(
+            "compilation config key 'use_inductor_graph_partition': needs backend='inductor', "
+            f"got backend={config.backend!r}"
+        )

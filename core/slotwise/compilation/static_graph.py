@@ -1,0 +1,143 @@
+"""The static-graph contract shared by every graph platform (CUDA graphs, NPU graphs).
+
+A captured graph replays fixed kernels on fixed addresses, so:
+- replays read inputs from the addresses seen at capture; a moved input is detected
+  on the first replay of each size (every replay with ``debug_checks``) and raises
+  ``StaticGraphError``;
+- capture happens only after warm-up runs, and, once a runner has captured the
+  sizes it serves (the capture window), never again at run time;
+- which graph acts in a step (none, the pieces', or the full model's) follows one
+  rule, ``runtime_graph_mode``, so nested wrappers never both capture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from slotwise.compilation.config import GraphMode
+from slotwise.errors import SlotwiseError
+from slotwise.forward_context import try_get_forward_context
+
+if TYPE_CHECKING:
+    from slotwise.compilation.config import CompilationConfig
+
+
+class StaticGraphError(SlotwiseError, RuntimeError):
+    """A static graph was used against its contract, e.g. an input moved after capture."""
+
+
+def runtime_graph_mode(config: CompilationConfig, size: int | None) -> GraphMode:
+    """The graph mode of this step: the forward context's, else derived from the size.
+
+    Without a forward context a size in ``capture_sizes`` runs with the configured
+    graphs; FULL_AND_PIECEWISE picks FULL only for batches the caller marked as
+    uniform decode (``BatchDescriptor.uniform_decode``), PIECEWISE otherwise.
+    """
+    context = try_get_forward_context()
+    if context is not None and context.graph_mode is not None:
+        return context.graph_mode
+    mode = config.graph_mode or GraphMode.NONE
+    if size is None or size not in (config.capture_sizes or ()) or mode == GraphMode.NONE:
+        return GraphMode.NONE
+    if mode == GraphMode.FULL_AND_PIECEWISE:
+        descriptor = context.batch_descriptor if context is not None else None
+        uniform = descriptor is not None and descriptor.uniform_decode
+        return GraphMode.FULL if uniform else GraphMode.PIECEWISE
+    return mode
+
+
+def step_size(default: int | None) -> int | None:
+    """The batch size of this step: the forward context's descriptor, else ``default``."""
+    context = try_get_forward_context()
+    if context is not None and context.batch_descriptor is not None:
+        return context.batch_descriptor.num_tokens
+    return default
+
+
+class _CaptureWindow:
+    """Process-wide state: is capturing allowed right now?
+
+    ``None``: no runner has taken charge, captures happen lazily on first use (tests,
+    simple scripts).  ``True``: a runner is capturing.  ``False``: the runner is done;
+    a capture now would stall a serving step, and means a size was missed.
+    """
+
+    def __init__(self) -> None:
+        self.state: bool | None = None
+        self.lock = threading.Lock()
+
+
+_window = _CaptureWindow()
+
+
+@contextlib.contextmanager
+def capture_window() -> Iterator[None]:
+    """Open the window in which graphs may be captured; after it, captures are errors."""
+    with _window.lock:
+        _window.state = True
+    try:
+        yield
+    finally:
+        with _window.lock:
+            _window.state = False
+
+
+def reset_capture_window() -> None:
+    """Back to lazy captures (a runner that is torn down, or a test)."""
+    with _window.lock:
+        _window.state = None
+
+
+def check_capture_allowed(what: str, size: int) -> None:
+    if _window.state is False:
+        raise StaticGraphError(
+            f"{what} would capture a static graph for size {size} after the capture window "
+            "closed: the runner captured its sizes at start-up and this one was not among "
+            f"them; add {size} to capture_sizes, or pad batches to a captured size"
+        )
+
+
+def input_addresses(args: Sequence[Any]) -> list[int | None]:
+    """The data address of every tensor argument (None for other arguments)."""
+    import torch
+
+    return [arg.data_ptr() if isinstance(arg, torch.Tensor) else None for arg in args]
+
+
+def check_input_addresses(
+    what: str, size: int, captured: Sequence[int | None], args: Sequence[Any]
+) -> None:
+    """Raise ``StaticGraphError`` naming the first tensor argument that moved."""
+    for index, (expected, actual) in enumerate(zip(captured, input_addresses(args), strict=True)):
+        if expected != actual:
+            raise StaticGraphError(
+                f"{what}, capture size {size}: argument {index} was captured at address "
+                f"{expected:#x} but is now at {actual:#x}; a replay reads the captured "
+                "address, so copy new inputs into the captured buffers (slotwise.runner "
+                "does this) instead of passing new tensors"
+            )
+
+
+def weak_ref_tensors(outputs: Any) -> Any:
+    """Aliases of the tensors in ``outputs`` that do not keep their memory alive.
+
+    The last piece's outputs are held this way: the graph pool may then reuse that
+    memory for the next graph, instead of every captured size pinning its own copy.
+    The caller must consume an output before the next replay of the same graph.
+    """
+    import torch
+    from torch.utils import _pytree as pytree
+
+    def alias(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        storage = torch._C._construct_storage_from_data_pointer(
+            value.untyped_storage().data_ptr(), value.device, value.untyped_storage().nbytes()
+        )
+        weak = torch.empty(0, dtype=value.dtype, device=value.device)
+        return weak.set_(storage, value.storage_offset(), value.shape, value.stride())
+
+    return pytree.tree_map(alias, outputs)

@@ -1,0 +1,1 @@
+"""Helpers for testing slotwise and its plugins: toy models with splitting ops."""

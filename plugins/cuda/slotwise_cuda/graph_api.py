@@ -1,0 +1,94 @@
+"""The graph API the CUDA backends use, as an injectable object.
+
+Everything that touches ``torch.cuda`` graph machinery goes through ``GraphAPI``,
+so the capture bookkeeping runs and is tested on the CPU with an implementation
+that keeps the same contract (``tests/cuda_graphs``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import unittest.mock
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from slotwise.compilation.static_graph import weak_ref_tensors
+
+
+class StaticGraph(Protocol):
+    def capture(self, fn: Callable[[], Any], pool: Any, *, quiet: bool) -> Any:
+        """Record ``fn`` into this graph and return its outputs (graph-owned memory).
+
+        ``quiet`` skips the garbage collection and cache emptying a capture normally
+        starts with: done once for the first piece, repeating it per piece makes
+        capture slow.
+        """
+
+    def replay(self) -> None:
+        """Run the recorded work again on the captured addresses."""
+
+
+class GraphAPI(Protocol):
+    def new_graph(self) -> StaticGraph: ...
+
+    def pool(self) -> Any:
+        """The memory pool every graph of the process captures into."""
+
+    def synchronize(self) -> None: ...
+
+    def weak_ref(self, outputs: Any) -> Any:
+        """Non-owning aliases of ``outputs`` (see ``weak_ref_tensors``)."""
+
+
+class CudaGraph:
+    def __init__(self) -> None:
+        import torch
+
+        self._graph = torch.cuda.CUDAGraph()
+
+    def capture(self, fn: Callable[[], Any], pool: Any, *, quiet: bool) -> Any:
+        import torch
+
+        with contextlib.ExitStack() as stack:
+            if quiet:
+                stack.enter_context(unittest.mock.patch.object(gc, "collect", lambda *a: 0))
+                stack.enter_context(unittest.mock.patch.object(torch.cuda, "empty_cache", _noop))
+            stack.enter_context(torch.cuda.graph(self._graph, pool=pool))
+            return fn()
+
+    def replay(self) -> None:
+        self._graph.replay()
+
+
+class CudaGraphAPI:
+    """Real CUDA graphs on the current device and stream."""
+
+    def __init__(self) -> None:
+        self._pool: Any = None
+
+    def new_graph(self) -> CudaGraph:
+        return CudaGraph()
+
+    def pool(self) -> Any:
+        if self._pool is None:
+            import torch
+
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
+
+    def synchronize(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+
+    def weak_ref(self, outputs: Any) -> Any:
+        return weak_ref_tensors(outputs)
+
+
+def _noop() -> None:
+    return None
+
+
+#: The process's CUDA graph API: one pool shared by every piece and wrapper.
+cuda_graph_api = CudaGraphAPI()
