@@ -6,7 +6,12 @@ from typing import Any
 
 from slotwise.platforms.errors import PlatformError, PlatformNotFoundError
 from slotwise.platforms.interface import Platform
-from slotwise.platforms.resolution import ReportRow, get_current_platform, plugin_report
+from slotwise.platforms.resolution import (
+    ReportRow,
+    get_current_platform,
+    plugin_report,
+    use_platform,
+)
 from slotwise.platforms.spec import PlatformSpec
 from slotwise.platforms.unspecified import UnspecifiedPlatform
 
@@ -40,4 +45,5 @@ __all__ = [
     "current_platform",
     "get_current_platform",
     "plugin_report",
+    "use_platform",
 ]

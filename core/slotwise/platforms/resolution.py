@@ -12,9 +12,11 @@ are probed only when a report asks for them.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -332,3 +334,20 @@ def plugin_report() -> list[ReportRow]:
     except PlatformError:
         pass  # the report shows the statuses that led to the error
     return get_resolver().report()
+
+
+@contextlib.contextmanager
+def use_platform(platform: Platform) -> Iterator[Platform]:
+    """Make ``platform`` the current platform inside the block.
+
+    For tests and conformance kits that exercise a platform object directly (e.g. a
+    graph platform with an injected CPU graph API); resolution is bypassed, not changed.
+    """
+    global _platform
+    with _platform_lock:
+        previous, _platform = _platform, platform
+    try:
+        yield platform
+    finally:
+        with _platform_lock:
+            _platform = previous

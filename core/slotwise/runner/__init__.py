@@ -1,0 +1,1 @@
+"""Running compiled models: static input buffers, graph capture, the model runner."""

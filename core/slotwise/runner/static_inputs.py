@@ -1,0 +1,45 @@
+"""Static input buffers: the fixed addresses every captured graph reads from.
+
+A replay reads the addresses seen at capture, so callers' tensors are copied into
+buffers allocated once at the largest size; the view for a smaller size starts at
+the same address, so every captured size shares them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+
+class StaticInputBuffers:
+    def __init__(
+        self,
+        max_size: int,
+        specs: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
+        device: torch.device | str,
+    ) -> None:
+        """``specs`` maps each input name to (shape after the size dim, dtype)."""
+        self.max_size = max_size
+        self.buffers = {
+            name: torch.zeros((max_size, *shape), dtype=dtype, device=device)
+            for name, (shape, dtype) in specs.items()
+        }
+
+    def fill(self, padded_size: int, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Copy ``inputs`` into the buffers and return views of ``padded_size`` rows.
+
+        Rows past an input's own length keep whatever they held; padding rows are
+        computed and then sliced away by the caller, so their content does not matter.
+        """
+        if padded_size > self.max_size:
+            raise ValueError(
+                f"size {padded_size} exceeds the static buffers' size {self.max_size}; "
+                "sizes above the largest capture size run without graphs"
+            )
+        views = {}
+        for name, value in inputs.items():
+            buffer = self.buffers[name]
+            buffer[: value.shape[0]].copy_(value)
+            views[name] = buffer[:padded_size]
+        return views

@@ -1,0 +1,90 @@
+"""slotwise.runner's capture step with the CPU graph API."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slotwise.compilation import CompilationConfig, counters
+from slotwise.compilation.static_graph import StaticGraphError, reset_capture_window
+from slotwise.platforms import get_current_platform
+from slotwise.runner.capture import capture_graphs
+from slotwise.runner.static_inputs import StaticInputBuffers
+from slotwise.testing.toy_models import TOY_SPLITTING_OPS, SillyModel
+
+
+@pytest.fixture
+def captured(graph_api):
+    config = CompilationConfig(
+        level=3,
+        backend="eager",
+        splitting_ops=TOY_SPLITTING_OPS,
+        capture_sizes=[1, 2, 4],
+        graph_mode="PIECEWISE",
+    )
+    torch.manual_seed(0)
+    model = SillyModel(compilation_config=config)
+    buffers = StaticInputBuffers(4, {"x": ((8,), torch.float32)}, "cpu")
+    sizes_seen = []
+
+    def run_step(size: int) -> None:
+        sizes_seen.append(size)
+        model(buffers.fill(size, x=torch.zeros(size, 8))["x"])
+
+    with counters.expect(num_graphs_captured=9):
+        reports = capture_graphs(
+            run_step, [1, 4, 2], get_current_platform(), runs_per_size=2, progress=False
+        )
+    yield model, buffers, reports, sizes_seen
+    reset_capture_window()
+
+
+def test_every_size_is_captured_largest_first_with_a_report(captured):
+    _, _, reports, sizes_seen = captured
+    assert [report.size for report in reports] == [4, 2, 1]
+    assert sizes_seen == [4, 4, 2, 2, 1, 1]
+    assert all(report.seconds > 0 for report in reports)
+
+
+def test_callers_tensors_of_any_address_go_through_the_static_buffers(captured):
+    model, buffers, _, _ = captured
+    torch.manual_seed(0)
+    reference = SillyModel(compilation_config=CompilationConfig(level=0))
+    for size, padded in ((3, 4), (2, 2), (1, 1)):
+        x = torch.randn(size, 8)
+        out = model(buffers.fill(padded, x=x)["x"])[:size]
+        torch.testing.assert_close(out, reference(x))
+
+
+def test_after_the_capture_step_only_uncaptured_sizes_run_without_error(captured):
+    model, _, _, _ = captured
+    with counters.expect(num_graphs_captured=0):
+        for _ in range(3):
+            model(torch.randn(3, 8))  # not a capture size: runs without graphs
+
+
+def test_a_capture_size_the_step_missed_is_an_error_after_the_window(graph_api):
+    config = CompilationConfig(
+        level=3, backend="eager", splitting_ops=TOY_SPLITTING_OPS, capture_sizes=[1, 2]
+    )
+    model = SillyModel(compilation_config=config)
+    buffer = torch.zeros(2, 8)
+    try:
+        capture_graphs(
+            lambda size: model(buffer[:size]),
+            [2],
+            get_current_platform(),
+            runs_per_size=2,
+            progress=False,
+        )
+        model(buffer[:1])  # warm-up
+        with pytest.raises(StaticGraphError, match="size 1 after the capture window closed"):
+            model(buffer[:1])
+    finally:
+        reset_capture_window()
+
+
+def test_buffers_refuse_sizes_above_their_size():
+    buffers = StaticInputBuffers(2, {"x": ((8,), torch.float32)}, "cpu")
+    with pytest.raises(ValueError, match="exceeds"):
+        buffers.fill(3, x=torch.zeros(3, 8))

@@ -1,0 +1,153 @@
+"""The CUDA plugin's capture bookkeeping, run on the CPU with an injected graph API."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slotwise.compilation import CompilationConfig, counters
+from slotwise.compilation.static_graph import (
+    StaticGraphError,
+    capture_window,
+    reset_capture_window,
+)
+from slotwise.forward_context import BatchDescriptor, set_forward_context
+from slotwise.testing.toy_models import TOY_SPLITTING_OPS, SillyModel
+
+
+def graph_config(**changes) -> CompilationConfig:
+    fields = {
+        "level": 3,
+        "backend": "eager",
+        "splitting_ops": TOY_SPLITTING_OPS,
+        "capture_sizes": [1, 2],
+        "graph_mode": "PIECEWISE",
+    }
+    fields.update(changes)
+    return CompilationConfig(**fields)
+
+
+def models(config):
+    torch.manual_seed(0)
+    model = SillyModel(compilation_config=config)
+    torch.manual_seed(0)
+    reference = SillyModel(compilation_config=CompilationConfig(level=0))
+    return model, reference
+
+
+def test_two_sizes_run_three_times_capture_six_graphs_and_match_eager(graph_api):
+    model, reference = models(graph_config())
+    with counters.expect(num_graphs_captured=6, num_piecewise_capturable_graphs_seen=3):
+        for size in (1, 2):
+            buffer = torch.empty(size, 8)
+            for _ in range(3):  # warm-up, capture, replay
+                buffer.copy_(torch.randn(size, 8))
+                torch.testing.assert_close(model(buffer), reference(buffer))
+    assert len(graph_api.captures) == 6
+    assert len({id(capture["pool"]) for capture in graph_api.captures}) == 1
+    # Per size: the first piece captures with clean-up, the two after it quietly.
+    assert [capture["quiet"] for capture in graph_api.captures] == [False, True, True] * 2
+    assert graph_api.weak_refs == 2  # the last piece's outputs, once per size
+
+
+def test_replay_reads_new_data_from_the_captured_buffer(graph_api):
+    model, reference = models(graph_config())
+    buffer = torch.randn(2, 8)
+    model(buffer)
+    model(buffer)  # captured
+    buffer.zero_()
+    with counters.expect(num_graphs_captured=0):
+        torch.testing.assert_close(model(buffer), reference(torch.zeros(2, 8)))
+
+
+def test_a_fresh_input_tensor_raises_on_the_first_replay(graph_api):
+    model, _ = models(graph_config())
+    buffer = torch.randn(2, 8)
+    model(buffer)
+    model(buffer)
+    with pytest.raises(StaticGraphError, match=r"piece 0 of 3, capture size 2: argument \d+"):
+        model(torch.randn(2, 8))
+
+
+def test_debug_checks_check_every_replay_not_only_the_first(graph_api):
+    for debug_checks, raises in ((False, False), (True, True)):
+        model, _ = models(graph_config(debug_checks=debug_checks))
+        buffer = torch.randn(1, 8)
+        for _ in range(3):
+            model(buffer)  # warm-up, capture, first (checked) replay
+        try:
+            model(torch.randn(1, 8))
+            raised = False
+        except StaticGraphError:
+            raised = True
+        assert raised is raises
+
+
+def test_sizes_outside_capture_sizes_run_uncaptured_and_correct(graph_api):
+    model, reference = models(graph_config())
+    with counters.expect(num_graphs_captured=0):
+        for size in (3, 4, 64):
+            for _ in range(3):
+                x = torch.randn(size, 8)
+                torch.testing.assert_close(model(x), reference(x))
+
+
+def test_forward_context_selects_the_runtime_mode(graph_api):
+    model, reference = models(graph_config())
+    buffer = torch.randn(2, 8)
+    with counters.expect(num_graphs_captured=0):
+        for _ in range(3):
+            with set_forward_context(None, graph_mode="NONE"):
+                torch.testing.assert_close(model(buffer), reference(buffer))
+    with (
+        set_forward_context(None, graph_mode="PIECEWISE"),
+        pytest.raises(StaticGraphError, match="size 3 is not a capture size"),
+    ):
+        model(torch.randn(3, 8))
+
+
+@pytest.mark.parametrize("uniform_decode, captured", [(True, 1), (False, 3)])
+def test_full_and_piecewise_picks_full_for_uniform_decode(graph_api, uniform_decode, captured):
+    model, reference = models(graph_config(graph_mode="FULL_AND_PIECEWISE"))
+    buffer = torch.randn(2, 8)
+    descriptor = BatchDescriptor(num_tokens=2, uniform_decode=uniform_decode)
+    with counters.expect(num_graphs_captured=captured):
+        for _ in range(3):
+            with set_forward_context(None, batch_descriptor=descriptor):
+                torch.testing.assert_close(model(buffer), reference(buffer))
+
+
+def test_full_graph_mode_captures_the_whole_model_once_per_size(graph_api):
+    model, reference = models(graph_config(graph_mode="FULL"))
+    buffer = torch.randn(1, 8)
+    with counters.expect(num_graphs_captured=1):
+        for _ in range(3):
+            torch.testing.assert_close(model(buffer), reference(buffer))
+    buffer.fill_(0.5)
+    torch.testing.assert_close(model(buffer), reference(buffer))
+
+
+def test_capture_after_the_window_closed_is_an_error(graph_api):
+    model, _ = models(graph_config())
+    try:
+        with capture_window():
+            buffer = torch.randn(1, 8)
+            for _ in range(2):
+                model(buffer)
+        model(buffer)  # a captured size still replays
+        fresh_size = torch.randn(2, 8)
+        model(fresh_size)  # warm-up is allowed
+        with pytest.raises(StaticGraphError, match="after the capture window closed"):
+            model(fresh_size)
+    finally:
+        reset_capture_window()
+
+
+def test_graph_warmups_delay_the_capture(graph_api):
+    model, _ = models(graph_config(graph_warmups=3))
+    buffer = torch.randn(1, 8)
+    with counters.expect(num_graphs_captured=0):
+        for _ in range(3):
+            model(buffer)
+    with counters.expect(num_graphs_captured=3):
+        model(buffer)

@@ -1,0 +1,74 @@
+"""The key static-graph cases again, with real CUDA graphs (skipped without a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slotwise.compilation import CompilationConfig, counters
+from slotwise.compilation.static_graph import StaticGraphError
+from slotwise.platforms import use_platform
+from slotwise.testing.toy_models import TOY_SPLITTING_OPS, SillyModel
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.fixture
+def cuda_platform():
+    from slotwise_cuda.platform import CudaPlatform
+
+    with use_platform(CudaPlatform()) as platform:
+        yield platform
+
+
+def cuda_models(**changes):
+    fields = {
+        "level": 3,
+        "backend": "inductor",
+        "splitting_ops": TOY_SPLITTING_OPS,
+        "capture_sizes": [1, 2],
+        "graph_mode": "PIECEWISE",
+        "disable_cache": True,
+    }
+    fields.update(changes)
+    torch.manual_seed(0)
+    model = SillyModel(compilation_config=CompilationConfig(**fields)).cuda()
+    torch.manual_seed(0)
+    reference = SillyModel(compilation_config=CompilationConfig(level=0)).cuda()
+    return model, reference
+
+
+def test_six_cuda_graphs_for_two_sizes_and_results_match_eager(cuda_platform):
+    model, reference = cuda_models()
+    with counters.expect(num_graphs_captured=6):
+        for size in (1, 2):
+            buffer = torch.empty(size, 8, device="cuda")
+            for _ in range(3):
+                buffer.copy_(torch.randn(size, 8, device="cuda"))
+                torch.testing.assert_close(model(buffer), reference(buffer))
+
+
+def test_zeroed_buffer_replays_to_the_eager_result_for_zeros(cuda_platform):
+    model, reference = cuda_models()
+    buffer = torch.randn(2, 8, device="cuda")
+    model(buffer)
+    model(buffer)
+    buffer.zero_()
+    torch.testing.assert_close(model(buffer), reference(torch.zeros(2, 8, device="cuda")))
+
+
+def test_fresh_tensor_raises_on_first_replay(cuda_platform):
+    model, _ = cuda_models()
+    buffer = torch.randn(2, 8, device="cuda")
+    model(buffer)
+    model(buffer)
+    with pytest.raises(StaticGraphError, match="argument"):
+        model(torch.randn(2, 8, device="cuda"))
+
+
+def test_full_graph_on_cuda(cuda_platform):
+    model, reference = cuda_models(graph_mode="FULL")
+    buffer = torch.randn(2, 8, device="cuda")
+    with counters.expect(num_graphs_captured=1):
+        for _ in range(3):
+            torch.testing.assert_close(model(buffer), reference(buffer))
