@@ -17,7 +17,7 @@ from slotwise.testing.toy_models import TOY_SPLITTING_OPS, SillyModel
 
 @pytest.mark.parametrize("version", ["2.8.0", "2.7.1+cpu"])
 def test_partition_on_an_old_torch_is_a_config_error(version):
-    with pytest.raises(ConfigError, match="use_inductor_graph_partition.*torch >= 2.9"):
+    with pytest.raises(ConfigError, match=r"use_inductor_graph_partition.*torch >= 2\.9"):
         check_partition_supported(version)
     check_partition_supported("2.9.0")
 
