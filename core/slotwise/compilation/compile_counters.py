@@ -41,9 +41,7 @@ class CompilationCounters:
         (0 included); counters not named are not checked."""
         unknown = set(deltas) - set(self.snapshot())
         if unknown:
-            raise TypeError(
-                f"unknown counters {sorted(unknown)}; known: {sorted(self.snapshot())}"
-            )
+            raise TypeError(f"unknown counters {sorted(unknown)}; known: {sorted(self.snapshot())}")
         before = self.snapshot()
         yield
         after = self.snapshot()

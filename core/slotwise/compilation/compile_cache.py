@@ -1,0 +1,205 @@
+"""The compile cache: each distinct piece is compiled once per process, and once per machine.
+
+One :class:`CompileCache` serves one compiled Dynamo graph of a model. Identical pieces
+(the layers of a transformer) share one compile in memory; with a compiler that can save
+its output, a second process with the same model and config loads instead of compiling.
+The directory is named by a hash of everything that changes compiled code, so caches of
+different models, configs or torch versions never see each other's entries. A damaged or
+unreadable entry is recompiled and overwritten; it never yields a wrong result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+import slotwise
+from slotwise.compilation.compile_counters import counters
+from slotwise.compilation.compilers import Compiler
+from slotwise.compilation.config import CompilationConfig
+from slotwise.compilation.graph_fingerprint import UnfingerprintableGraph, fingerprint
+
+logger = logging.getLogger("slotwise")
+
+FACTORS_FILE = "cache_key_factors.json"
+# An entry is this header, the piece's full fingerprint, the SHA-256 of the payload and the
+# payload: a truncated, garbled or misplaced file is caught before the compiler reads it.
+_MAGIC = b"slotwise-compiled-piece-v1\n"
+_DIGEST_SIZE = hashlib.sha256().digest_size
+
+
+class CompileCache:
+    """Compiles graph pieces through ``compiler``, reusing earlier results where it can.
+
+    ``factors`` identify what the caller compiles (the model's traced source, the platform
+    name); the slotwise and torch versions, the config hash and the compiler's hash are
+    added here. Disk is used only when the cache is enabled and the compiler can persist.
+    """
+
+    def __init__(
+        self, config: CompilationConfig, compiler: Compiler, *, factors: dict[str, str]
+    ) -> None:
+        own = {
+            "slotwise_version": slotwise.__version__,
+            "torch_version": torch.__version__,
+            "config_hash": config.compute_hash(),
+            "compiler": f"{type(compiler).__module__}.{type(compiler).__qualname__}",
+            "compiler_hash": compiler.compute_hash(),
+        }
+        clash = sorted(set(factors) & set(own))
+        if clash:
+            raise ValueError(f"cache key factors {clash} are reserved for the compile cache")
+        self.factors: dict[str, str] = {**factors, **own}
+        canonical = json.dumps(self.factors, sort_keys=True, separators=(",", ":"))
+        key = hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+        self.directory = os.path.join(config.resolved_cache_dir, key)
+        self._compiler = compiler
+        self._read_disk = config.cache_enabled and compiler.supports_persistence
+        self._write_disk = self._read_disk
+        self._directory_ready = False
+        self._compiled: dict[str, Callable[..., Any]] = {}
+
+    def compile(
+        self,
+        graph: fx.GraphModule,
+        example_inputs: Sequence[Any],
+        *,
+        runtime_shape: int | None,
+    ) -> Callable[..., Any]:
+        """A callable running ``graph``: from memory, from disk, or freshly compiled."""
+        counters.bump("num_backend_compilations")
+        try:
+            key = fingerprint(graph, example_inputs, runtime_shape)
+        except UnfingerprintableGraph as err:
+            logger.info("compiling a graph piece without the compile cache: %s", err)
+            counters.bump("num_cache_misses")
+            return self._compiler.compile(graph, example_inputs, runtime_shape=runtime_shape).fn
+        fn = self._compiled.get(key)
+        if fn is None and self._read_disk:
+            fn = self._load(key, graph, example_inputs, runtime_shape)
+        if fn is not None:
+            counters.bump("num_cache_hits")
+        else:
+            counters.bump("num_cache_misses")
+            piece = self._compiler.compile(graph, example_inputs, runtime_shape=runtime_shape)
+            fn = piece.fn
+            if self._write_disk and piece.save is not None:
+                self._save(key, runtime_shape, piece.save)
+        self._compiled[key] = fn
+        return fn
+
+    def _entry_path(self, key: str, runtime_shape: int | None) -> str:
+        shape = "general" if runtime_shape is None else f"size{runtime_shape}"
+        return os.path.join(self.directory, f"{shape}-{key[:32]}.bin")
+
+    def _load(
+        self,
+        key: str,
+        graph: fx.GraphModule,
+        example_inputs: Sequence[Any],
+        runtime_shape: int | None,
+    ) -> Callable[..., Any] | None:
+        path = self._entry_path(key, runtime_shape)
+        if not os.path.isfile(path):
+            return None
+        try:
+            with open(path, "rb") as file:
+                payload = _unwrap(file.read(), key)
+            if payload is None:
+                logger.warning(
+                    "compile cache entry %s is corrupt or truncated; recompiling and "
+                    "overwriting it",
+                    path,
+                )
+                return None
+            with tempfile.TemporaryDirectory(prefix="slotwise-load-") as staging:
+                staged = os.path.join(staging, "piece.bin")
+                with open(staged, "wb") as file:
+                    file.write(payload)
+                fn = self._compiler.load(staged, graph, example_inputs, runtime_shape=runtime_shape)
+        except Exception as err:  # noqa: BLE001 - whatever failed, recompiling is correct
+            logger.warning(
+                "compile cache entry %s could not be loaded (%s: %s); recompiling and "
+                "overwriting it",
+                path,
+                type(err).__name__,
+                err,
+            )
+            return None
+        logger.debug("compile cache: loaded %s", path)
+        return fn
+
+    def _save(self, key: str, runtime_shape: int | None, save: Callable[[str], None]) -> None:
+        path = self._entry_path(key, runtime_shape)
+        try:
+            with tempfile.TemporaryDirectory(prefix="slotwise-save-") as staging:
+                staged = os.path.join(staging, "piece.bin")
+                save(staged)
+                with open(staged, "rb") as file:
+                    payload = file.read()
+        except Exception as err:  # noqa: BLE001 - an unsaved piece still runs
+            logger.warning(
+                "compiled piece for %s could not be saved (%s: %s); it is kept in memory only",
+                path,
+                type(err).__name__,
+                err,
+            )
+            return
+        try:
+            self._prepare_directory()
+            _write_atomically(path, _wrap(payload, key))
+        except OSError as err:
+            self._write_disk = False
+            logger.warning(
+                "compile cache directory %s is not writable (%s); running uncached: new "
+                "compiles are kept in memory only",
+                self.directory,
+                err,
+            )
+            return
+        logger.debug("compile cache: saved %s", path)
+
+    def _prepare_directory(self) -> None:
+        if self._directory_ready:
+            return
+        os.makedirs(self.directory, exist_ok=True)
+        factors = json.dumps(self.factors, indent=2, sort_keys=True) + "\n"
+        _write_atomically(os.path.join(self.directory, FACTORS_FILE), factors.encode("utf-8"))
+        self._directory_ready = True
+
+
+def _wrap(payload: bytes, key: str) -> bytes:
+    return _MAGIC + key.encode("ascii") + b"\n" + hashlib.sha256(payload).digest() + payload
+
+
+def _unwrap(blob: bytes, key: str) -> bytes | None:
+    """The payload of an entry written by :func:`_wrap` for ``key``, or None if it is not one."""
+    header = _MAGIC + key.encode("ascii") + b"\n"
+    if not blob.startswith(header):
+        return None
+    digest = blob[len(header) : len(header) + _DIGEST_SIZE]
+    payload = blob[len(header) + _DIGEST_SIZE :]
+    return payload if hashlib.sha256(payload).digest() == digest else None
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    """Write through a temporary file and a rename, so a crash never leaves half a file."""
+    directory, name = os.path.split(path)
+    descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise

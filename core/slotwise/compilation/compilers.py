@@ -1,0 +1,265 @@
+"""Compilers: what turns one graph piece into a callable and, where it can, into a file.
+
+The piecewise backends and the compile cache see only :class:`Compiler`, so a plugin adds
+a compiler by subclassing it and naming it ``"module:Class"`` in the config's ``backend``;
+there is no registry to update.
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import dataclasses
+import hashlib
+import importlib
+import json
+import logging
+import platform
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import torch
+import torch.fx as fx
+from torch._guards import TracingContext
+from torch.utils import _pytree as pytree
+
+from slotwise.compilation.compile_counters import counters
+from slotwise.compilation.config import CompilationConfig, ConfigError
+
+logger = logging.getLogger("slotwise")
+
+_ACCEPTED_BACKENDS = '"eager", "inductor" or "module:Class" naming a Compiler subclass'
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledPiece:
+    """A compiled graph piece; ``save`` is None when this piece cannot be written to a file."""
+
+    fn: Callable[..., Any]
+    save: Callable[[str], None] | None = None
+
+
+class Compiler(abc.ABC):
+    """Compiles graph pieces; subclass it to plug in a vendor compiler.
+
+    ``compile`` is called once for the general shape (``runtime_shape=None``; the example
+    inputs may be fake tensors with symbolic sizes and SymInts, inside a Dynamo backend
+    call) and once per specialised size (real runtime tensors as example inputs).
+    """
+
+    name: ClassVar[str] = "compiler"
+    #: Whether ``load`` can rebuild what ``CompiledPiece.save`` wrote; the cache skips the
+    #: disk entirely for compilers that cannot.
+    supports_persistence: ClassVar[bool] = False
+
+    def __init__(self, config: CompilationConfig) -> None:
+        self.config = config
+
+    def compute_hash(self) -> str:
+        """Hash of this compiler's settings that change its output, for cache keys.
+
+        The cache already keys on the compiler's class, the torch version and the config
+        hash; override this when the compiler has settings of its own.
+        """
+        return ""
+
+    @abc.abstractmethod
+    def compile(
+        self, graph: fx.GraphModule, example_inputs: Sequence[Any], *, runtime_shape: int | None
+    ) -> CompiledPiece:
+        """Compile ``graph``; the result's ``fn(*args)`` returns what ``graph`` returns."""
+
+    def load(
+        self,
+        path: str,
+        graph: fx.GraphModule,
+        example_inputs: Sequence[Any],
+        *,
+        runtime_shape: int | None,
+    ) -> Callable[..., Any]:
+        """Rebuild what ``CompiledPiece.save(path)`` wrote for this graph; raise on any problem.
+
+        ``path`` may be deleted as soon as this returns.
+        """
+        raise NotImplementedError(f"compiler {self.name!r} cannot load saved pieces")
+
+
+class EagerCompiler(Compiler):
+    """Runs the graph as traced: the reference the other compilers are tested against."""
+
+    name = "eager"
+
+    def compile(
+        self, graph: fx.GraphModule, example_inputs: Sequence[Any], *, runtime_shape: int | None
+    ) -> CompiledPiece:
+        counters.bump("num_eager_compiles")
+        return CompiledPiece(fn=graph.forward)
+
+
+class InductorCompiler(Compiler):
+    """Inductor through ``torch._inductor.standalone_compile``, whose artifacts can be saved.
+
+    Plain ``torch.compile``-style Inductor calls cannot be saved per piece; the standalone
+    API returns a ``CompiledArtifact`` with ``save``/``load`` in a binary format.
+    """
+
+    name = "inductor"
+    supports_persistence = True
+
+    def __init__(self, config: CompilationConfig) -> None:
+        super().__init__(config)
+        import torch._inductor  # costly: only when Inductor is chosen
+
+        if not hasattr(torch._inductor, "standalone_compile"):
+            raise ConfigError(
+                f"compilation config key 'backend': 'inductor' needs "
+                f"torch._inductor.standalone_compile, which torch {torch.__version__} lacks; "
+                f"upgrade torch (2.8 or newer has it) or use backend 'eager'"
+            )
+        self.options: dict[str, Any] = dict(config.inductor_config)
+        try:
+            with torch._inductor.config.patch(self.options):
+                pass
+        except AttributeError as err:
+            raise ConfigError(
+                f"compilation config key 'inductor_config': {err}; accepted: option names of "
+                "torch._inductor.config"
+            ) from None
+
+    def compute_hash(self) -> str:
+        factors = {
+            "torch": torch.__version__,
+            "torch_git": torch.version.git_version,
+            "python": list(sys.version_info[:2]),
+            "machine": platform.machine(),
+            "options": self.options,
+        }
+        canonical = json.dumps(factors, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+    def compile(
+        self, graph: fx.GraphModule, example_inputs: Sequence[Any], *, runtime_shape: int | None
+    ) -> CompiledPiece:
+        from torch._inductor import standalone_compile
+
+        flat_graph, spec = _flat_output_graph(graph)
+        artifact = standalone_compile(
+            flat_graph,
+            list(example_inputs),
+            dynamic_shapes=_dynamic_shapes_source(runtime_shape),
+            options={"config_patches": dict(self.options)},
+            donate_graph_module=flat_graph is not graph,
+        )
+        counters.bump("num_inductor_compiles")
+        # AOTAutograd refuses to cache some graphs (e.g. calls of arbitrary Python
+        # functions); those artifacts hold nothing to save.
+        save = None
+        if getattr(artifact, "is_saveable", lambda: True)():
+            save = _artifact_saver(artifact)
+        else:
+            logger.info("Inductor made no saveable artifact for this piece; it is not cached")
+        return CompiledPiece(fn=_unflattening(artifact, spec), save=save)
+
+    def load(
+        self,
+        path: str,
+        graph: fx.GraphModule,
+        example_inputs: Sequence[Any],
+        *,
+        runtime_shape: int | None,
+    ) -> Callable[..., Any]:
+        from torch._inductor import CompiledArtifact
+
+        artifact = CompiledArtifact.load(path=path, format="binary")
+        return _unflattening(artifact, _output_spec(graph))
+
+
+def _dynamic_shapes_source(runtime_shape: int | None) -> str:
+    """Where standalone_compile takes its shape information from.
+
+    A specialised size compiles for exactly the example inputs. The general shape inside a
+    Dynamo backend call uses the ambient tracing context, whose fake mode owns the symbols of
+    the example inputs; elsewhere the graph's own metadata, or dynamic sizes for real inputs.
+    """
+    if runtime_shape is not None:
+        return "from_example_inputs"
+    if TracingContext.try_get() is not None:
+        return "from_tracing_context"
+    return "from_graph"
+
+
+def _output_spec(graph: fx.GraphModule) -> pytree.TreeSpec:
+    (result,) = graph.graph.output_node().args
+    return pytree.tree_flatten(result)[1]
+
+
+def _flat_output_graph(graph: fx.GraphModule) -> tuple[fx.GraphModule, pytree.TreeSpec]:
+    """``graph``, or a copy returning a flat tuple, and the structure of its real output.
+
+    A fresh Inductor compile restores non-tuple outputs itself but a loaded artifact returns
+    the flat list, so the output structure is restored here, the same way for both.
+    """
+    spec = _output_spec(graph)
+    (result,) = graph.graph.output_node().args
+    if isinstance(result, (tuple, list)) and all(isinstance(item, fx.Node) for item in result):
+        return graph, spec
+    flat = copy.deepcopy(graph)
+    flat_output = flat.graph.output_node()
+    flat_leaves = pytree.tree_leaves(flat_output.args[0])
+    with flat.graph.inserting_before(flat_output):
+        flat.graph.output(tuple(flat_leaves))
+    flat.graph.erase_node(flat_output)
+    flat.recompile()
+    return flat, spec
+
+
+def _unflattening(artifact: Callable[..., Any], spec: pytree.TreeSpec) -> Callable[..., Any]:
+    def run(*args: Any) -> Any:
+        return pytree.tree_unflatten(list(artifact(*args)), spec)
+
+    return run
+
+
+def _artifact_saver(artifact: Any) -> Callable[[str], None]:
+    def save(path: str) -> None:
+        artifact.save(path=path, format="binary")
+
+    return save
+
+
+def make_compiler(backend: str, config: CompilationConfig) -> Compiler:
+    """The compiler named by a resolved backend ("" must be resolved by the platform first)."""
+    if backend == "eager":
+        return EagerCompiler(config)
+    if backend == "inductor":
+        return InductorCompiler(config)
+    return _import_compiler_class(backend)(config)
+
+
+def _import_compiler_class(backend: str) -> type[Compiler]:
+    module_name, colon, qualname = backend.partition(":")
+    if not (colon and module_name and qualname):
+        raise ConfigError(
+            f"compilation config key 'backend': got {backend!r}; accepted: {_ACCEPTED_BACKENDS}"
+        )
+    try:
+        found: Any = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(
+            f"compilation config key 'backend': cannot import module {module_name!r} of "
+            f"{backend!r} ({err}); accepted: {_ACCEPTED_BACKENDS}"
+        ) from err
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            raise ConfigError(
+                f"compilation config key 'backend': module {module_name!r} has no "
+                f"{qualname!r} (from {backend!r}); accepted: {_ACCEPTED_BACKENDS}"
+            )
+    if not (isinstance(found, type) and issubclass(found, Compiler)):
+        raise ConfigError(
+            f"compilation config key 'backend': {backend!r} is {found!r}, not a subclass of "
+            f"slotwise.compilation.compilers.Compiler; accepted: {_ACCEPTED_BACKENDS}"
+        )
+    return found

@@ -1,0 +1,134 @@
+"""``CustomOp``: a layer with one reference implementation and per-platform fast ones.
+
+Subclasses write ``forward_native`` (plain torch, what compilers see through) and
+optionally ``forward_cpu``, ``forward_cuda`` or ``forward_oot``.  Which one runs
+is decided once, at construction:
+
+1. the ``custom_ops`` compilation setting may turn the op off (``-name``,
+   ``none``, or the default ``none`` under Inductor at level 3, which fuses the
+   native code better than it calls an opaque kernel): then ``forward_native``;
+2. a replacement a plugin registered for this op and the current platform
+   (hook ``slotwise_register_custom_ops``) wins, without any change to model code;
+3. else ``forward_<platform.custom_op_key>`` if the class defines it, else
+   ``forward_native``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from torch import nn
+
+from slotwise.compilation.context import get_current_compilation_config
+from slotwise.errors import SlotwiseError
+from slotwise.platforms import get_current_platform
+
+logger = logging.getLogger("slotwise")
+
+Implementation = Callable[..., Any]
+
+
+class CustomOpError(SlotwiseError, ValueError):
+    """A custom op or a replacement for one is declared wrongly."""
+
+
+class CustomOpRegistry:
+    """Replacements of custom ops, per op name and platform name.
+
+    Passed to the ``slotwise_register_custom_ops`` hook.  An implementation is a
+    function taking the layer first, like a method (``def rms_norm(layer, x,
+    residual=None)``), or a ``"module:function"`` string imported on first use.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, str], Implementation | str] = {}
+
+    def register(self, op_name: str, platform: str, implementation: Implementation | str) -> None:
+        if op_name not in CustomOp.op_classes:
+            known = ", ".join(sorted(CustomOp.op_classes)) or "none"
+            raise CustomOpError(
+                f"cannot register a replacement for unknown custom op {op_name!r}; "
+                f"known ops: {known}"
+            )
+        self._entries[(op_name, platform)] = implementation
+
+    def lookup(self, op_name: str, platform: str) -> Implementation | None:
+        entry = self._entries.get((op_name, platform))
+        if isinstance(entry, str):
+            module_name, _, attribute = entry.partition(":")
+            entry = getattr(importlib.import_module(module_name), attribute)
+            self._entries[(op_name, platform)] = entry
+        return entry
+
+    def entries(self) -> list[tuple[str, str]]:
+        return sorted(self._entries)
+
+
+_registry: CustomOpRegistry | None = None
+_registry_lock = threading.Lock()
+
+
+def get_custom_op_registry() -> CustomOpRegistry:
+    """The process's registry, filled by the plugins' hooks on first use."""
+    global _registry
+    with _registry_lock:
+        if _registry is None:
+            from slotwise.plugins import get_plugin_manager
+
+            registry = CustomOpRegistry()
+            get_plugin_manager().call_each("slotwise_register_custom_ops", registry=registry)
+            _registry = registry
+        return _registry
+
+
+class CustomOp(nn.Module):
+    """Base class of layers with platform-specific implementations; see the module doc."""
+
+    #: Name used by ``custom_ops`` settings and replacement registrations.
+    op_name: ClassVar[str] = ""
+    #: Every CustomOp subclass by ``op_name``.
+    op_classes: ClassVar[dict[str, type[CustomOp]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.op_name:
+            raise CustomOpError(f"{cls.__qualname__} must set the class attribute op_name")
+        owner = CustomOp.op_classes.get(cls.op_name)
+        if owner is not None and owner.__qualname__ != cls.__qualname__:
+            raise CustomOpError(
+                f"custom op name {cls.op_name!r} is taken by {owner.__qualname__}; "
+                f"choose another op_name for {cls.__qualname__}"
+            )
+        CustomOp.op_classes[cls.op_name] = cls
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._forward_impl, self.implementation = self._choose_forward()
+
+    def _choose_forward(self) -> tuple[Implementation, str]:
+        config = get_current_compilation_config()
+        platform = get_current_platform()
+        backend = config.backend or platform.default_compile_backend
+        if not config.custom_op_enabled(self.op_name, resolved_backend=backend):
+            return self.forward_native, "native"
+        replacement = get_custom_op_registry().lookup(self.op_name, platform.name)
+        if replacement is not None:
+            return functools.partial(replacement, self), "plugin"
+        method = getattr(self, f"forward_{platform.custom_op_key}", None)
+        if method is None:
+            return self.forward_native, "native"
+        return method, platform.custom_op_key
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._forward_impl(*args, **kwargs)
+
+    def forward_native(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__qualname__} must implement forward_native")
+
+    def extra_repr(self) -> str:
+        return f"implementation={self.implementation}"

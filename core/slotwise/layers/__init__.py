@@ -1,0 +1,1 @@
+"""Model building blocks that are CustomOps: each platform may run its own kernel."""
