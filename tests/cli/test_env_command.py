@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import clean_env
+from support import clean_env
 
 
 def slotwise(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -9,8 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from conftest import clean_env
+from support import clean_env
 
 pytestmark = pytest.mark.slow
 

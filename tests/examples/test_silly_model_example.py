@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import clean_env
+from support import clean_env
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "silly_model.py"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import packaging
 import pluggy
-from conftest import clean_env
+from support import clean_env
 
 import slotwise
 

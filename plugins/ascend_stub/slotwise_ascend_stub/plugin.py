@@ -7,9 +7,13 @@ the functions marked ``@hookimpl``.  Keep it light: no torch, no device work.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from slotwise.platforms import PlatformSpec
 from slotwise.plugins import hookimpl
+
+if TYPE_CHECKING:
+    from slotwise.attention.registry import AttentionBackendRegistry
 
 #: Real NPUs are made visible by an environment variable; so is the stub.
 DEVICES_ENV_VAR = "SLOTWISE_ASCEND_STUB_DEVICES"
@@ -37,3 +41,10 @@ def slotwise_platforms() -> list[PlatformSpec]:
             requires_api=">=1.0,<2",  # the slotwise plugin API this was written against
         )
     ]
+
+
+@hookimpl
+def slotwise_register_attention_backends(registry: AttentionBackendRegistry) -> None:
+    # A "module:Class" string: the backend module (and torch) is imported only if
+    # selected, so registering costs nothing.
+    registry.register("ascend_stub", "slotwise_ascend_stub.attention:AscendStubReferenceBackend")

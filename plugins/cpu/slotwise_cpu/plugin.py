@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from slotwise.platforms import PlatformSpec
 from slotwise.plugins import hookimpl
+
+if TYPE_CHECKING:
+    from slotwise.attention.registry import AttentionBackendRegistry
 
 
 def probe() -> bool:
@@ -21,3 +26,8 @@ def slotwise_platforms() -> list[PlatformSpec]:
             requires_api=">=1.0,<2",
         )
     ]
+
+
+@hookimpl
+def slotwise_register_attention_backends(registry: AttentionBackendRegistry) -> None:
+    registry.register("cpu", "slotwise_cpu.attention:CpuSdpaBackend")

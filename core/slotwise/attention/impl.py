@@ -1,0 +1,48 @@
+"""``AttentionImpl``: the code that runs attention for one layer, one step at a time."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from slotwise.attention.layer import Attention
+    from slotwise.attention.metadata import AttentionMetadata
+
+
+class AttentionImpl:
+    """One instance per ``Attention`` layer, built by the layer from its backend."""
+
+    def __init__(
+        self, num_heads: int, head_size: int, scale: float, num_kv_heads: int | None = None
+    ) -> None:
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_kv_heads < 1 or num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}"
+            )
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = scale
+        self.num_kv_heads = num_kv_heads
+        #: Query heads sharing one key/value head (grouped-query attention).
+        self.num_queries_per_kv = num_heads // num_kv_heads
+
+    def forward(
+        self,
+        layer: Attention,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        output: torch.Tensor,
+    ) -> None:
+        """Write k/v into ``kv_cache`` at ``metadata.slot_mapping``, then attention into output.
+
+        q and output are [num_tokens, num_heads, head_size], k and v
+        [num_tokens, num_kv_heads, head_size]; only the first
+        ``metadata.num_actual_tokens`` rows are real.
+        """
+        raise NotImplementedError(f"{type(self).__qualname__} must implement forward()")

@@ -1,0 +1,109 @@
+"""The paged KV cache: fixed-size blocks of tokens, handed out per request.
+
+A request's tokens live in the blocks of its block table, in order: token ``pos``
+sits in block ``block_ids[pos // block_size]`` at offset ``pos % block_size``, i.e.
+at slot ``block_id * block_size + offset`` of the cache seen as one long row of
+slots.  Blocks need not be contiguous, so requests grow without copying.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable
+
+import torch
+
+from slotwise.errors import SlotwiseError
+
+
+class OutOfBlocksError(SlotwiseError, RuntimeError):
+    """The cache has no free block left; a scheduler preempts or waits on this."""
+
+
+def num_blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+def compute_slot_mapping(block_ids: list[int], start: int, end: int, block_size: int) -> list[int]:
+    """Cache slots of positions ``start..end-1`` of a request stored in ``block_ids``."""
+    return [
+        block_ids[pos // block_size] * block_size + pos % block_size for pos in range(start, end)
+    ]
+
+
+class BlockAllocator:
+    """Hands out the block ids of a cache with ``num_blocks`` blocks."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._free = collections.deque(range(num_blocks))
+        self._used: set[int] = set()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    def allocate(self, num_tokens: int, block_ids: list[int] | None = None) -> list[int]:
+        """Extend ``block_ids`` (in place; a new list when None) to hold ``num_tokens`` tokens."""
+        block_ids = [] if block_ids is None else block_ids
+        missing = num_blocks_for(num_tokens, self.block_size) - len(block_ids)
+        if missing > len(self._free):
+            raise OutOfBlocksError(
+                f"{num_tokens} tokens need {missing} more blocks of {self.block_size}, "
+                f"but only {len(self._free)} of {self.num_blocks} are free; free finished "
+                "requests or allocate a larger cache"
+            )
+        for _ in range(max(missing, 0)):
+            block = self._free.popleft()
+            self._used.add(block)
+            block_ids.append(block)
+        return block_ids
+
+    def free(self, block_ids: Iterable[int]) -> None:
+        for block in block_ids:
+            if block not in self._used:
+                raise ValueError(f"block {block} is not allocated (freed twice?)")
+            self._used.remove(block)
+            self._free.append(block)
+
+
+def write_to_kv_cache(
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Store ``key``/``value`` [num_tokens, num_kv_heads, head_size] at ``slot_mapping``."""
+    _, num_blocks, block_size, num_kv_heads, head_size = kv_cache.shape
+    slots = num_blocks * block_size
+    kv_cache[0].view(slots, num_kv_heads, head_size).index_copy_(0, slot_mapping, key)
+    kv_cache[1].view(slots, num_kv_heads, head_size).index_copy_(0, slot_mapping, value)
+
+
+def allocate_kv_caches(
+    model: torch.nn.Module,
+    num_blocks: int,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> dict[str, torch.Tensor]:
+    """Give every ``Attention`` layer in ``model`` a zeroed cache of ``num_blocks`` blocks.
+
+    Each layer's shape comes from its backend and its own block size; ``device``
+    defaults to the current platform's, ``dtype`` to the layer's.  Returns the caches
+    by layer name.
+    """
+    from slotwise.attention.layer import Attention
+
+    if device is None:
+        from slotwise.platforms import current_platform
+
+        device = current_platform.device_type
+    caches = {}
+    for layer in model.modules():
+        if isinstance(layer, Attention):
+            layer.kv_cache = torch.zeros(
+                layer.kv_cache_shape(num_blocks), dtype=dtype or layer.dtype, device=device
+            )
+            caches[layer.layer_name] = layer.kv_cache
+    if not caches:
+        raise ValueError(f"{type(model).__name__} contains no slotwise Attention layer")
+    return caches

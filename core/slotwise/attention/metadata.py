@@ -1,0 +1,129 @@
+"""``AttentionMetadata``: where each token of a step lives in the paged KV cache.
+
+The batch is laid out as ``[decodes..., prefills...]``: requests with one query token
+come first, so a backend can run a decode kernel on the head of the batch and a
+prefill kernel on the tail without gathering.  The builder turns the scheduler's
+per-request view (query length, tokens already cached, block ids) into tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from slotwise.attention.kv_cache import compute_slot_mapping, num_blocks_for
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step attention inputs shared by every layer using the same KV cache layout."""
+
+    #: Real tokens in the step; inputs may be padded beyond this (static graphs).
+    num_actual_tokens: int
+    #: int32 [num_reqs + 1]: request r's query tokens are rows
+    #: ``query_start_loc[r]:query_start_loc[r + 1]`` of q, k, v and out.
+    query_start_loc: torch.Tensor
+    #: int32 [num_reqs]: tokens in the cache after this step (context + query).
+    seq_lens: torch.Tensor
+    #: int64 [num_actual_tokens]: cache slot (block_id * block_size + offset) of each token.
+    slot_mapping: torch.Tensor
+    #: int32 [num_reqs, max_blocks]: request r's i-th block; rows padded with block 0.
+    block_table: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+    num_prefills: int
+    num_prefill_tokens: int
+    num_decodes: int
+    num_decode_tokens: int
+
+    @property
+    def num_reqs(self) -> int:
+        return self.num_decodes + self.num_prefills
+
+
+class AttentionMetadataBuilder:
+    """Builds ``AttentionMetadata``; backends needing more fields subclass it."""
+
+    def __init__(self, block_size: int, device: torch.device | str = "cpu") -> None:
+        self.block_size = block_size
+        self.device = torch.device(device)
+
+    def build(
+        self,
+        query_lens: Sequence[int] | torch.Tensor,
+        context_lens: Sequence[int] | torch.Tensor,
+        block_ids: Sequence[Sequence[int]] | torch.Tensor,
+    ) -> AttentionMetadata:
+        """Metadata for one step; request r has ``query_lens[r]`` new tokens after
+        ``context_lens[r]`` cached ones, stored in blocks ``block_ids[r]`` in order.
+
+        Decode requests (query length 1) must come before prefills.
+        """
+        queries = _ints(query_lens)
+        contexts = _ints(context_lens)
+        blocks = [_ints(row) for row in block_ids]
+        if not len(queries) == len(contexts) == len(blocks):
+            raise ValueError(
+                f"query_lens, context_lens and block_ids have {len(queries)}, "
+                f"{len(contexts)} and {len(blocks)} entries; give one per request"
+            )
+        self._check(queries, contexts, blocks)
+        num_decodes = sum(1 for q in queries if q == 1)
+        seq_lens = [c + q for c, q in zip(contexts, queries, strict=True)]
+        starts = [0]
+        slots: list[int] = []
+        for query_len, context_len, row in zip(queries, contexts, blocks, strict=True):
+            starts.append(starts[-1] + query_len)
+            slots += compute_slot_mapping(
+                row, context_len, context_len + query_len, self.block_size
+            )
+        width = max((len(row) for row in blocks), default=0)
+        table = [row + [0] * (width - len(row)) for row in blocks]
+        num_tokens = starts[-1]
+        return AttentionMetadata(
+            num_actual_tokens=num_tokens,
+            query_start_loc=self._tensor(starts, torch.int32),
+            seq_lens=self._tensor(seq_lens, torch.int32),
+            slot_mapping=self._tensor(slots, torch.int64),
+            block_table=self._tensor(table, torch.int32).reshape(len(blocks), width),
+            max_query_len=max(queries, default=0),
+            max_seq_len=max(seq_lens, default=0),
+            num_prefills=len(queries) - num_decodes,
+            num_prefill_tokens=num_tokens - num_decodes,
+            num_decodes=num_decodes,
+            num_decode_tokens=num_decodes,
+        )
+
+    def _check(self, queries: list[int], contexts: list[int], blocks: list[list[int]]) -> None:
+        seen_prefill = False
+        for r, (query_len, context_len, row) in enumerate(
+            zip(queries, contexts, blocks, strict=True)
+        ):
+            if query_len < 1 or context_len < 0:
+                raise ValueError(
+                    f"request {r}: query_len {query_len} must be >= 1 and "
+                    f"context_len {context_len} >= 0"
+                )
+            if query_len == 1 and seen_prefill:
+                raise ValueError(
+                    f"request {r} decodes (query_len 1) after a prefill; order the batch "
+                    "[decodes..., prefills...] so backends can split it without gathering"
+                )
+            seen_prefill = seen_prefill or query_len > 1
+            needed = num_blocks_for(context_len + query_len, self.block_size)
+            if len(row) < needed:
+                raise ValueError(
+                    f"request {r} holds {context_len + query_len} tokens, which need "
+                    f"{needed} blocks of {self.block_size}, but has {len(row)} block ids"
+                )
+
+    def _tensor(self, values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=self.device)
+
+
+def _ints(values: Sequence[int] | torch.Tensor) -> list[int]:
+    if isinstance(values, torch.Tensor):
+        return [int(v) for v in values.tolist()]
+    return [int(v) for v in values]

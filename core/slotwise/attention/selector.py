@@ -1,0 +1,127 @@
+"""Choosing the attention backend of a platform for a layer's requirements.
+
+Rules, in order:
+1. A backend named by the caller or by ``SLOTWISE_ATTENTION_BACKEND`` is used, or an
+   error says why not (unknown name: the known ones; does not fit: its reasons).
+2. Otherwise the platform's backends in priority order; the first whose
+   ``validate`` finds no problem wins.
+3. None fits: an error listing every backend considered and why it was rejected.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from slotwise import envs
+from slotwise.attention.backend import AttentionBackend
+from slotwise.attention.registry import (
+    AttentionBackendRegistry,
+    BackendEntry,
+    get_attention_backend_registry,
+)
+from slotwise.errors import SlotwiseError
+
+logger = logging.getLogger("slotwise")
+
+_announced: set[tuple[str, str]] = set()
+
+
+class AttentionBackendError(SlotwiseError, ValueError):
+    """No attention backend can serve a layer, or the one asked for cannot."""
+
+
+def select_attention_backend(
+    platform_name: str,
+    selected: str | None = None,
+    *,
+    registry: AttentionBackendRegistry | None = None,
+    **requirements: Any,
+) -> type[AttentionBackend]:
+    """The backend class for ``requirements`` (head_size, dtype, block_size) on a platform."""
+    if registry is None:
+        registry = get_attention_backend_registry()
+    source, undo = "selected", "pass selected=None"
+    if selected is None:
+        selected = envs.get("SLOTWISE_ATTENTION_BACKEND")
+        source, undo = "SLOTWISE_ATTENTION_BACKEND", "unset SLOTWISE_ATTENTION_BACKEND"
+    wanted = _describe(requirements)
+    entries = registry.entries(platform_name)
+    if selected is not None:
+        backend = _named(platform_name, selected, source, entries, registry)
+        reasons = backend.validate(**requirements)
+        if reasons:
+            raise AttentionBackendError(
+                f"attention backend {backend.get_name()} ({source}={selected}) cannot serve "
+                f"{wanted}: {'; '.join(reasons)}; {undo} to let platform "
+                f"{platform_name!r} choose"
+            )
+        _announce(platform_name, backend, f"{source}={selected}")
+        return backend
+    rejected = []
+    for entry in entries:
+        try:
+            backend = entry.load()
+        except Exception as exc:  # noqa: BLE001 - a broken backend must not hide the others
+            rejected.append(f"{entry.label}: cannot import: {type(exc).__name__}: {exc}")
+            continue
+        reasons = backend.validate(**requirements)
+        if not reasons:
+            _announce(platform_name, backend, f"priority {entry.priority}")
+            return backend
+        rejected.append(f"{backend.get_name()} ({entry.label}): {'; '.join(reasons)}")
+    if not rejected:
+        raise AttentionBackendError(
+            f"no attention backend is registered for platform {platform_name!r}; install a "
+            "plugin that implements slotwise_register_attention_backends for it"
+        )
+    raise AttentionBackendError(
+        f"no attention backend of platform {platform_name!r} can serve {wanted}:\n  "
+        + "\n  ".join(rejected)
+    )
+
+
+def _named(
+    platform_name: str,
+    name: str,
+    source: str,
+    entries: list[BackendEntry],
+    registry: AttentionBackendRegistry,
+) -> type[AttentionBackend]:
+    known = []
+    for entry in entries:
+        try:
+            backend = entry.load()
+        except Exception as exc:  # noqa: BLE001
+            known.append(f"{entry.label} (cannot import: {type(exc).__name__}: {exc})")
+            continue
+        if backend.get_name().upper() == name.strip().upper():
+            return backend
+        known.append(backend.get_name())
+    elsewhere = []
+    for entry in registry.entries():
+        if entry.platform != platform_name:
+            try:
+                elsewhere.append(f"{entry.load().get_name()} ({entry.platform})")
+            except Exception:  # noqa: BLE001 - only a hint in an error message
+                continue
+    raise AttentionBackendError(
+        f"{source}={name}: no such attention backend for platform {platform_name!r}; "
+        f"known: {', '.join(known) or 'none'}"
+        + (f"; registered for other platforms: {', '.join(elsewhere)}" if elsewhere else "")
+    )
+
+
+def _describe(requirements: dict[str, Any]) -> str:
+    given = ", ".join(f"{k}={v}" for k, v in requirements.items() if v is not None)
+    return given or "any requirements"
+
+
+def _announce(platform_name: str, backend: type[AttentionBackend], why: str) -> None:
+    # Every layer selects; say it once per process and choice.
+    key = (platform_name, backend.get_name())
+    if key not in _announced:
+        _announced.add(key)
+        logger.info(
+            "attention backend %s on platform %s (%s)", backend.get_name(), platform_name, why
+        )

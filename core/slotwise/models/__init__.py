@@ -1,0 +1,1 @@
+"""Reference models built from slotwise layers (Attention, CustomOps)."""

@@ -1,0 +1,119 @@
+"""``CPU_SDPA``: paged attention on the CPU with torch's scaled_dot_product_attention.
+
+Keys and values are gathered from the paged cache into dense tensors, then SDPA
+does the math (its CPU kernels are fused and multi-threaded).  Decodes run as one
+batched call with a padding mask; each prefill runs on its own, causal over its
+context and new tokens.  Grouped-query attention uses SDPA's ``enable_gqa``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from slotwise.attention import (
+    Attention,
+    AttentionBackend,
+    AttentionImpl,
+    AttentionMetadata,
+    GraphSupport,
+    write_to_kv_cache,
+)
+
+
+class CpuSdpaBackend(AttentionBackend):
+    supported_dtypes = (torch.float32, torch.bfloat16, torch.float16)
+    graph_support = GraphSupport.PIECEWISE_ONLY  # the CPU has no static graphs anyway
+
+    @classmethod
+    def get_name(cls) -> str:
+        return "CPU_SDPA"
+
+    @classmethod
+    def get_impl_cls(cls) -> type[AttentionImpl]:
+        return CpuSdpaImpl
+
+
+class CpuSdpaImpl(AttentionImpl):
+    def forward(
+        self,
+        layer: Attention,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        output: torch.Tensor,
+    ) -> None:
+        num_tokens = metadata.num_actual_tokens
+        write_to_kv_cache(k[:num_tokens], v[:num_tokens], kv_cache, metadata.slot_mapping)
+        key_cache, value_cache = kv_cache.unbind(0)
+        num_decodes = metadata.num_decodes
+        if num_decodes:
+            output[:num_decodes] = self._decode(
+                q[:num_decodes],
+                key_cache,
+                value_cache,
+                metadata.block_table[:num_decodes],
+                metadata.seq_lens[:num_decodes],
+            )
+        starts = metadata.query_start_loc.tolist()
+        seq_lens = metadata.seq_lens.tolist()
+        for r in range(num_decodes, metadata.num_reqs):
+            start, end = starts[r], starts[r + 1]
+            output[start:end] = self._prefill(
+                q[start:end], key_cache, value_cache, metadata.block_table[r], seq_lens[r]
+            )
+
+    def _decode(
+        self,
+        q: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        """One query token per request: pad every sequence to the longest and mask."""
+        block_size = key_cache.shape[1]
+        width = -(-int(seq_lens.max()) // block_size)
+        blocks = block_table[:, :width]
+        keys = _dense(key_cache[blocks])  # [num_decodes, num_kv_heads, width * block_size, D]
+        values = _dense(value_cache[blocks])
+        mask = torch.arange(keys.shape[2]) < seq_lens[:, None]  # [num_decodes, max_len]
+        out = self._sdpa(q.unsqueeze(2), keys, values, attn_mask=mask[:, None, None, :])
+        return out.squeeze(2)
+
+    def _prefill(
+        self,
+        q: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        seq_len: int,
+    ) -> torch.Tensor:
+        """One request; its query token i sits at position seq_len - query_len + i."""
+        block_size = key_cache.shape[1]
+        blocks = block_table[: -(-seq_len // block_size)]
+        keys = _dense(key_cache[blocks][None])[0, :, :seq_len]  # [num_kv_heads, seq_len, D]
+        values = _dense(value_cache[blocks][None])[0, :, :seq_len]
+        query_len = q.shape[0]
+        context_len = seq_len - query_len
+        if context_len == 0:
+            out = self._sdpa(q.transpose(0, 1), keys, values, is_causal=True)
+        else:
+            # SDPA's is_causal aligns the mask top-left; cached context shifts it right.
+            mask = torch.ones(query_len, seq_len, dtype=torch.bool).tril(context_len)
+            out = self._sdpa(q.transpose(0, 1), keys, values, attn_mask=mask)
+        return out.transpose(0, 1)
+
+    def _sdpa(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: object
+    ) -> torch.Tensor:
+        return F.scaled_dot_product_attention(
+            q, k, v, scale=self.scale, enable_gqa=self.num_queries_per_kv > 1, **kwargs
+        )
+
+
+def _dense(blocks: torch.Tensor) -> torch.Tensor:
+    """[batch, num_blocks, block_size, heads, D] -> [batch, heads, num_blocks * block_size, D]."""
+    return blocks.flatten(1, 2).transpose(1, 2)

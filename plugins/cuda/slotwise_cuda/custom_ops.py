@@ -1,0 +1,43 @@
+"""Triton implementations of slotwise's custom ops, registered for the ``cuda`` platform.
+
+Each function takes the layer first, like a method, and matches the layer's
+``forward_native`` in arguments and results.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from slotwise.layers.activation import SiluAndMul
+from slotwise.layers.layernorm import RMSNorm
+from slotwise.layers.rotary_embedding import RotaryEmbedding
+from slotwise_cuda.kernels import activation, layernorm, rotary
+
+
+def rms_norm(
+    layer: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    if residual is not None:
+        x = x + residual
+        residual = x
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    out = torch.empty_like(flat)
+    layernorm.rms_norm(flat, layer.weight, layer.eps, out)
+    out = out.view_as(x)
+    return out if residual is None else (out, residual)
+
+
+def silu_and_mul(layer: SiluAndMul, x: torch.Tensor) -> torch.Tensor:
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    out = torch.empty(flat.shape[0], flat.shape[1] // 2, dtype=x.dtype, device=x.device)
+    activation.silu_and_mul(flat, out)
+    return out.view(*x.shape[:-1], x.shape[-1] // 2)
+
+
+def rotary_embedding(
+    layer: RotaryEmbedding, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    query, key = query.contiguous().clone(), key.contiguous().clone()
+    cache = layer.cos_sin_cache.to(query.dtype)
+    rotary.rotary_embedding(positions, query, key, cache, layer.head_size, layer.is_neox_style)
+    return query, key

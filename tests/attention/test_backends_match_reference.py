@@ -1,0 +1,208 @@
+"""Every bundled backend against the one oracle, through the Attention layer and the op.
+
+Each case fills a cache whose block tables are shuffled, writes the cached context
+by hand, runs one step (with two padding rows past the real tokens) and checks the
+output against ``reference_attention`` and the cache against the tokens written.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import torch
+from attention_reference import reference_attention
+from triton_interpreter import ON_GPU, helpers_interpreted, import_interpreted, interpreting
+
+from slotwise.attention import Attention, AttentionBackend
+from slotwise.forward_context import set_forward_context
+from slotwise_ascend_stub.attention import AscendStubReferenceBackend
+from slotwise_cpu.attention import CpuSdpaBackend
+from slotwise_cuda.attention import TritonPagedBackend
+
+#: (query_len, context_len) per request, decodes first.
+SCENARIOS = {
+    "decode": [(1, 16), (1, 4), (1, 39), (1, 0)],
+    "prefill": [(9, 0), (16, 0), (23, 0)],
+    "chunked_prefill": [(7, 16), (12, 5), (5, 33)],
+    "mixed": [(1, 20), (1, 8), (13, 0), (6, 11)],
+}
+HEAD_SIZES = (64, 128, 80)
+GQA_RATIOS = (1, 2, 4)
+BLOCK_SIZES = (8, 16)
+NUM_KV_HEADS = 2
+PADDING = 2
+
+FULL_MATRIX = list(itertools.product(SCENARIOS, HEAD_SIZES, GQA_RATIOS, BLOCK_SIZES))
+KERNELS_MODULE = "slotwise_cuda.kernels.attention"
+
+_names = itertools.count()
+
+
+@dataclass
+class Step:
+    queries: list[torch.Tensor]  # per request [query_len, num_heads, head_size]
+    keys: list[torch.Tensor]  # per request [seq_len, num_kv_heads, head_size]
+    values: list[torch.Tensor]
+    block_ids: list[list[int]]
+
+
+def make_step(
+    requests: list[tuple[int, int]], num_heads: int, head_size: int, block_size: int, seed: int
+) -> tuple[Step, int]:
+    """Random tokens and shuffled, non-contiguous block tables; returns the step and
+    the number of blocks the cache needs."""
+    generator = torch.Generator().manual_seed(seed)
+    needed = [-(-(q + c) // block_size) for q, c in requests]
+    num_blocks = sum(needed) + 3  # spare blocks that must stay untouched
+    order = torch.randperm(num_blocks, generator=generator).tolist()
+    block_ids, start = [], 0
+    for count in needed:
+        block_ids.append(order[start : start + count])
+        start += count
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator)
+
+    step = Step(
+        queries=[randn(q, num_heads, head_size) for q, _ in requests],
+        keys=[randn(q + c, NUM_KV_HEADS, head_size) for q, c in requests],
+        values=[randn(q + c, NUM_KV_HEADS, head_size) for q, c in requests],
+        block_ids=block_ids,
+    )
+    return step, num_blocks
+
+
+def cache_position(step: Step, r: int, pos: int, block_size: int) -> tuple[int, int]:
+    return step.block_ids[r][pos // block_size], pos % block_size
+
+
+def run_case(
+    backend: type[AttentionBackend],
+    scenario: str,
+    head_size: int,
+    ratio: int,
+    block_size: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    atol: float = 2e-4,
+) -> None:
+    requests = SCENARIOS[scenario]
+    num_heads = NUM_KV_HEADS * ratio
+    scale = head_size**-0.5
+    seed = hash((scenario, head_size, ratio, block_size)) % 2**31
+    step, num_blocks = make_step(requests, num_heads, head_size, block_size, seed)
+    shape = backend.get_kv_cache_shape(num_blocks, block_size, NUM_KV_HEADS, head_size)
+    assert shape == (2, num_blocks, block_size, NUM_KV_HEADS, head_size)
+    kv_cache = torch.zeros(shape, dtype=dtype, device=device)
+    for r, (_, context_len) in enumerate(requests):
+        for pos in range(context_len):
+            block, offset = cache_position(step, r, pos, block_size)
+            kv_cache[0, block, offset] = step.keys[r][pos]
+            kv_cache[1, block, offset] = step.values[r][pos]
+
+    layer = Attention(
+        num_heads,
+        head_size,
+        scale,
+        NUM_KV_HEADS,
+        prefix=f"oracle.{next(_names)}",
+        block_size=block_size,
+        dtype=dtype,
+        backend=backend,
+    )
+    layer.kv_cache = kv_cache
+    metadata = backend.get_builder_cls()(block_size, device).build(
+        [q for q, _ in requests], [c for _, c in requests], step.block_ids
+    )
+
+    def batch(parts: list[torch.Tensor], heads: int) -> torch.Tensor:
+        rows = torch.cat([*parts, torch.randn(PADDING, heads, head_size)])
+        return rows.reshape(len(rows), heads * head_size).to(device, dtype)
+
+    new_keys = [k[c:] for k, (_, c) in zip(step.keys, requests, strict=True)]
+    new_values = [v[c:] for v, (_, c) in zip(step.values, requests, strict=True)]
+    with set_forward_context(metadata):
+        out = layer(
+            batch(step.queries, num_heads),
+            batch(new_keys, NUM_KV_HEADS),
+            batch(new_values, NUM_KV_HEADS),
+        )
+
+    num_tokens = metadata.num_actual_tokens
+    assert out.shape == (num_tokens + PADDING, num_heads * head_size)
+    expected = torch.cat(
+        [
+            reference_attention(q.to(dtype), k.to(dtype), v.to(dtype), scale)
+            for q, k, v in zip(step.queries, step.keys, step.values, strict=True)
+        ]
+    )
+    got = out[:num_tokens].view(num_tokens, num_heads, head_size).double().cpu()
+    torch.testing.assert_close(got, expected, atol=atol, rtol=atol)
+    assert not out[num_tokens:].any(), "padding rows must be zero"
+
+    used = torch.zeros(num_blocks, dtype=torch.bool)
+    for r, (query_len, context_len) in enumerate(requests):
+        used[step.block_ids[r]] = True
+        for pos in range(query_len + context_len):
+            block, offset = cache_position(step, r, pos, block_size)
+            cached_key = kv_cache[0, block, offset].cpu()
+            cached_value = kv_cache[1, block, offset].cpu()
+            assert torch.equal(cached_key, step.keys[r][pos].to(dtype)), (r, pos)
+            assert torch.equal(cached_value, step.values[r][pos].to(dtype)), (r, pos)
+    assert not kv_cache[:, ~used.to(device)].any(), "spare blocks were written"
+
+
+@pytest.mark.parametrize("scenario, head_size, ratio, block_size", FULL_MATRIX)
+@pytest.mark.parametrize(
+    "backend", [CpuSdpaBackend, AscendStubReferenceBackend], ids=lambda backend: backend.get_name()
+)
+def test_cpu_backends_match_the_reference(backend, scenario, head_size, ratio, block_size):
+    run_case(backend, scenario, head_size, ratio, block_size)
+
+
+@pytest.mark.parametrize(
+    "backend", [CpuSdpaBackend, AscendStubReferenceBackend], ids=lambda backend: backend.get_name()
+)
+def test_cpu_backends_in_bfloat16(backend):
+    run_case(backend, "mixed", 64, 2, 16, dtype=torch.bfloat16, atol=3e-2)
+
+
+@pytest.fixture(scope="module")
+def triton_device() -> Iterator[str]:
+    """The device the Triton kernels run on; skips only when they are not written yet."""
+    if importlib.util.find_spec("slotwise_cuda.kernels") is None or (
+        importlib.util.find_spec(KERNELS_MODULE) is None
+    ):
+        pytest.skip(f"{KERNELS_MODULE} does not exist yet: the Triton kernels are not written")
+    if ON_GPU:
+        importlib.import_module(KERNELS_MODULE)
+        yield "cuda"
+        return
+    if not helpers_interpreted():
+        pytest.fail(
+            "triton.language was imported without TRITON_INTERPRET=1 before this module; "
+            "run with TRITON_INTERPRET=1 exported"
+        )
+    import_interpreted(KERNELS_MODULE)
+    with interpreting():
+        yield "cpu"
+
+
+@pytest.mark.parametrize("scenario, head_size, ratio, block_size", FULL_MATRIX)
+def test_triton_backend_matches_the_reference(
+    triton_device, scenario, head_size, ratio, block_size
+):
+    run_case(TritonPagedBackend, scenario, head_size, ratio, block_size, device=triton_device)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_triton_backend_in_half_precision_on_the_gpu(triton_device, dtype):
+    run_case(TritonPagedBackend, "mixed", 128, 4, 16, dtype=dtype, device=triton_device, atol=2e-2)
