@@ -78,6 +78,7 @@ def get_custom_op_registry() -> CustomOpRegistry:
     global _registry
     with _registry_lock:
         if _registry is None:
+            import slotwise.layers  # noqa: F401 - defines the core ops replacements may name
             from slotwise.plugins import get_plugin_manager
 
             registry = CustomOpRegistry()

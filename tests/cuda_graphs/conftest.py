@@ -89,6 +89,11 @@ class CpuGraphPlatform(Platform):
     def synchronize(self, **kwargs: Any) -> None:
         self.api.synchronize()
 
+    def get_attention_backend_cls(self, selected: str | None = None, **requirements: Any) -> type:
+        from slotwise_cpu.attention import CpuSdpaBackend
+
+        return CpuSdpaBackend
+
 
 @pytest.fixture
 def graph_api() -> Any:

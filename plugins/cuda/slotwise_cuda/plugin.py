@@ -10,6 +10,10 @@ from slotwise_cuda.probe import probe_cuda
 
 if TYPE_CHECKING:
     from slotwise.attention.registry import AttentionBackendRegistry
+    from slotwise.custom_op import CustomOpRegistry
+
+#: Core custom ops with a Triton implementation in slotwise_cuda.custom_ops.
+TRITON_CUSTOM_OPS = ("rms_norm", "silu_and_mul", "rotary_embedding")
 
 
 @hookimpl
@@ -28,3 +32,9 @@ def slotwise_platforms() -> list[PlatformSpec]:
 @hookimpl
 def slotwise_register_attention_backends(registry: AttentionBackendRegistry) -> None:
     registry.register("cuda", "slotwise_cuda.attention:TritonPagedBackend")
+
+
+@hookimpl
+def slotwise_register_custom_ops(registry: CustomOpRegistry) -> None:
+    for op_name in TRITON_CUSTOM_OPS:
+        registry.register(op_name, "cuda", f"slotwise_cuda.custom_ops:{op_name}")

@@ -1,0 +1,212 @@
+"""``ModelRunner``: runs a causal LM step by step over a paged KV cache.
+
+It owns what a model should not: the KV cache and its block allocator, the
+attention metadata of each step, padding batches to a captured size (through
+static input buffers, so graphs always read the same addresses), capturing the
+graphs at start-up, and greedy generation on top of prefill and decode steps.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from slotwise.attention import (
+    Attention,
+    AttentionMetadata,
+    BlockAllocator,
+    GraphSupport,
+    allocate_kv_caches,
+)
+from slotwise.compilation.config import CompilationConfig, ConfigError, GraphMode
+from slotwise.forward_context import BatchDescriptor, set_forward_context
+from slotwise.platforms import get_current_platform
+from slotwise.runner.capture import CaptureReport, capture_graphs
+from slotwise.runner.static_inputs import StaticInputBuffers
+
+
+@dataclass
+class Request:
+    """One request: its tokens so far and the cache blocks holding them."""
+
+    tokens: list[int]
+    block_ids: list[int]
+    num_cached: int = 0
+    generated: list[int] = field(default_factory=list)
+
+
+class ModelRunner:
+    """Runs ``model`` (a ``LlamaForCausalLM``-like module with ``forward(input_ids,
+    positions)`` and ``compute_logits(hidden)``) on the current platform."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        num_blocks: int = 256,
+        device: torch.device | str | None = None,
+    ) -> None:
+        self.model = model
+        self.platform = get_current_platform()
+        self.device = torch.device(device or self.platform.device_type)
+        layers = [m for m in model.modules() if isinstance(m, Attention)]
+        if not layers:
+            raise ValueError(f"{type(model).__name__} has no slotwise Attention layer")
+        self.block_size = layers[0].block_size
+        allocate_kv_caches(model, num_blocks, device=self.device)
+        self.allocator = BlockAllocator(num_blocks, self.block_size)
+        self.metadata_builder = layers[0].attn_backend.get_builder_cls()(
+            self.block_size, self.device
+        )
+        self.config = compiled_config(model)
+        self.capture_sizes = self._graph_sizes(layers)
+        self.buffers = (
+            StaticInputBuffers(
+                self.capture_sizes[-1],
+                {"input_ids": ((), torch.long), "positions": ((), torch.long)},
+                self.device,
+            )
+            if self.capture_sizes
+            else None
+        )
+
+    def _graph_sizes(self, layers: list[Attention]) -> list[int]:
+        """The sizes steps are padded to; empty when this model runs without graphs."""
+        if self.config is None or self.config.graph_mode in (None, GraphMode.NONE):
+            return []
+        if self.config.graph_mode.has_full_graphs:
+            for layer in layers:
+                if layer.attn_backend.graph_support != GraphSupport.ALWAYS:
+                    raise ConfigError(
+                        f"compilation config key 'graph_mode': {self.config.graph_mode.name} "
+                        f"captures attention, but backend {layer.attn_backend.get_name()} "
+                        "runs only between graphs; use graph_mode=PIECEWISE"
+                    )
+        return sorted(self.config.capture_sizes or [])
+
+    # -- steps ---------------------------------------------------------------------
+
+    def padded_size(self, num_tokens: int) -> int:
+        """The smallest capture size holding ``num_tokens``, or ``num_tokens`` itself
+        when it is larger than every capture size (or graphs are off)."""
+        index = bisect.bisect_left(self.capture_sizes, num_tokens)
+        return self.capture_sizes[index] if index < len(self.capture_sizes) else num_tokens
+
+    def execute(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        metadata: AttentionMetadata | None,
+        *,
+        uniform_decode: bool = False,
+    ) -> torch.Tensor:
+        """Hidden states of one step for its ``len(input_ids)`` real tokens."""
+        num_tokens = input_ids.shape[0]
+        padded = self.padded_size(num_tokens)
+        graphs = self.buffers is not None and padded in self.capture_sizes
+        if graphs:
+            assert self.buffers is not None
+            views = self.buffers.fill(padded, input_ids=input_ids, positions=positions)
+            input_ids, positions = views["input_ids"], views["positions"]
+        mode = GraphMode.NONE
+        if graphs and self.config is not None and self.config.graph_mode is not None:
+            mode = _runtime_mode(self.config.graph_mode, uniform_decode)
+        descriptor = BatchDescriptor(num_tokens=padded, uniform_decode=uniform_decode)
+        with (
+            torch.inference_mode(),
+            set_forward_context(metadata, graph_mode=mode, batch_descriptor=descriptor),
+        ):
+            hidden = self.model(input_ids, positions)
+        return hidden[:num_tokens]
+
+    def capture(self, *, progress: bool = True) -> list[CaptureReport]:
+        """Capture a graph for every capture size (no-op without graphs)."""
+        if not self.capture_sizes or self.config is None:
+            return []
+        zeros = torch.zeros(self.capture_sizes[-1], dtype=torch.long, device=self.device)
+
+        def run_step(size: int) -> None:
+            # Attention runs between the captured pieces, so an empty step is enough:
+            # without metadata the attention op only zero-fills its output.
+            self.execute(zeros[:size], zeros[:size], None, uniform_decode=True)
+
+        return capture_graphs(
+            run_step,
+            self.capture_sizes,
+            self.platform,
+            runs_per_size=self.config.graph_warmups + 1,
+            progress=progress,
+        )
+
+    # -- generation ----------------------------------------------------------------
+
+    def add_requests(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[Request]:
+        """Reserve cache blocks for each prompt and its continuation."""
+        return [
+            Request(
+                tokens=list(prompt),
+                block_ids=self.allocator.allocate(len(prompt) + max_new_tokens),
+            )
+            for prompt in prompts
+        ]
+
+    def free(self, sequences: Sequence[Request]) -> None:
+        for sequence in sequences:
+            self.allocator.free(sequence.block_ids)
+
+    def step(self, sequences: Sequence[Request]) -> torch.Tensor:
+        """Run every sequence's uncached tokens; return the logits of each last token.
+
+        Sequences with one new token (decodes) must come before the others.
+        """
+        query_lens = [len(s.tokens) - s.num_cached for s in sequences]
+        input_ids = torch.tensor(
+            [t for s in sequences for t in s.tokens[s.num_cached :]], device=self.device
+        )
+        positions = torch.tensor(
+            [p for s in sequences for p in range(s.num_cached, len(s.tokens))], device=self.device
+        )
+        metadata = self.metadata_builder.build(
+            query_lens, [s.num_cached for s in sequences], [s.block_ids for s in sequences]
+        )
+        hidden = self.execute(
+            input_ids, positions, metadata, uniform_decode=all(q == 1 for q in query_lens)
+        )
+        last = metadata.query_start_loc[1:].long() - 1
+        for sequence in sequences:
+            sequence.num_cached = len(sequence.tokens)
+        return self.model.compute_logits(hidden[last])
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
+        """Greedy continuation of each prompt by ``max_new_tokens`` tokens."""
+        sequences = self.add_requests(prompts, max_new_tokens)
+        try:
+            logits = self.step(sequences)  # the prefill of every prompt
+            for _ in range(max_new_tokens):
+                for sequence, token in zip(sequences, logits.argmax(-1).tolist(), strict=True):
+                    sequence.tokens.append(token)
+                    sequence.generated.append(token)
+                if len(sequences[0].generated) == max_new_tokens:
+                    break
+                logits = self.step(sequences)
+            return [s.generated for s in sequences]
+        finally:
+            self.free(sequences)
+
+
+def compiled_config(model: torch.nn.Module) -> CompilationConfig | None:
+    """The platform-adjusted config of the first compiled module in ``model``, if any."""
+    for module in model.modules():
+        compiled = module.__dict__.get("_slotwise_compiled_forward")
+        if compiled is not None:
+            return compiled.config
+    return None
+
+
+def _runtime_mode(configured: GraphMode, uniform_decode: bool) -> GraphMode:
+    if configured == GraphMode.FULL_AND_PIECEWISE:
+        return GraphMode.FULL if uniform_decode else GraphMode.PIECEWISE
+    return configured

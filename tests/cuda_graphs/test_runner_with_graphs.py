@@ -1,0 +1,60 @@
+"""The ModelRunner on a graph platform (CPU graph API): capture at start-up, pad, replay."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slotwise.compilation import CompilationConfig, ConfigError, counters
+from slotwise.compilation.static_graph import reset_capture_window
+from slotwise.models.llama import PRESETS, build_llama
+from slotwise.runner.model_runner import ModelRunner
+
+PROMPTS = [[1, 5, 9, 3], [7, 7, 2], [42, 11, 100]]
+
+
+@pytest.fixture
+def runner(graph_api):
+    config = CompilationConfig(level=3, backend="eager", capture_sizes=[1, 2, 4, 8])
+    model = build_llama("tiny", seed=0, compilation_config=config)
+    runner = ModelRunner(model, num_blocks=32)
+    yield runner
+    reset_capture_window()
+
+
+def test_capture_step_captures_every_piece_for_every_size(runner):
+    pieces = PRESETS["tiny"].num_layers + 1
+    with counters.expect(num_graphs_captured=4 * pieces):
+        reports = runner.capture(progress=False)
+    assert [report.size for report in reports] == [8, 4, 2, 1]
+
+
+def test_generation_with_graphs_matches_eager(runner, graph_api):
+    runner.capture(progress=False)
+    replays_before = graph_api.replays
+    with counters.expect(num_graphs_captured=0):
+        tokens = runner.generate(PROMPTS, 5)
+    # Decode steps of 3 tokens are padded to the captured size 4 and replayed.
+    assert graph_api.replays > replays_before
+    eager = build_llama("tiny", seed=0, compilation_config=CompilationConfig(level=0))
+    assert tokens == ModelRunner(eager, num_blocks=32).generate(PROMPTS, 5)
+
+
+def test_padded_sizes(runner):
+    assert [runner.padded_size(n) for n in (1, 3, 5, 8, 9)] == [1, 4, 8, 8, 9]
+
+
+def test_full_graphs_need_an_attention_backend_that_can_be_captured(graph_api):
+    config = CompilationConfig(level=3, backend="eager", graph_mode="FULL_AND_PIECEWISE")
+    model = build_llama("tiny", seed=0, compilation_config=config)
+    with pytest.raises(ConfigError, match="CPU_SDPA runs only between graphs"):
+        ModelRunner(model, num_blocks=8)
+
+
+def test_inputs_at_any_address_are_copied_into_the_static_buffers(runner):
+    runner.capture(progress=False)
+    ids = torch.tensor([3, 4, 5])
+    sequences = runner.add_requests([[3, 4, 5]], 1)
+    logits = runner.step(sequences)
+    assert logits.shape == (1, PRESETS["tiny"].vocab_size)
+    assert runner.buffers.buffers["input_ids"][:3].tolist() == ids.tolist()
