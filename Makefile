@@ -18,8 +18,11 @@ $(STAMP): pyproject.toml plugins/cpu/pyproject.toml plugins/cuda/pyproject.toml 
 		torch $(PACKAGES)
 	touch $@
 
+# The main job: the environment report, then decode-step latency of the ~30M-parameter
+# preset, eager against piecewise-compiled (and graph-captured where the platform can).
 demo: setup
 	$(BIN)/slotwise env
+	$(BIN)/slotwise bench --preset small --batch-sizes 1,4,16
 
 test: setup
 	$(BIN)/ruff check .
@@ -32,6 +35,8 @@ format: setup
 
 bench: setup
 	$(BIN)/python benchmarks/import_time.py
+	$(BIN)/python benchmarks/dispatch_overhead.py
+	$(BIN)/python benchmarks/compile_time.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -220,14 +220,16 @@ def test_strided_query_and_output(device):
     assert (wide_out[:, case.q.shape[1] :] == SENTINEL).all()
 
 
-def test_no_sequences_is_a_no_op(device):
-    q = torch.randn(0, 2, 32, device=device)
+def test_no_sequences_leaves_padding_untouched(device):
+    q = torch.randn(3, 2, 32, device=device)
+    out = torch.full_like(q, SENTINEL)
     cache = torch.randn(4, 8, 2, 32, device=device)
     no_seqs = torch.zeros(0, dtype=torch.int32, device=device)
     block_table = torch.zeros(0, 1, dtype=torch.int32, device=device)
     query_start_loc = torch.zeros(1, dtype=torch.int32, device=device)
-    paged_prefill_attention(q, cache, cache, block_table, query_start_loc, no_seqs, 1.0, q)
-    paged_decode_attention(q, cache, cache, block_table, no_seqs, 1.0, q)
+    paged_prefill_attention(q, cache, cache, block_table, query_start_loc, no_seqs, 1.0, out)
+    paged_decode_attention(q[:0], cache, cache, block_table, no_seqs, 1.0, out[:0])
+    assert (out == SENTINEL).all()
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,10 @@ import logging
 import sys
 
 from slotwise import envs
-from slotwise.cli import env_command
+from slotwise.cli import bench_command, env_command
 from slotwise.errors import SlotwiseError
 
-SUBCOMMANDS = {"env": env_command}
+SUBCOMMANDS = {"env": env_command, "bench": bench_command}
 
 
 def configure_logging() -> None:

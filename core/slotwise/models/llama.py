@@ -223,4 +223,4 @@ def build_llama(
                 continue  # RMSNorm weights stay 1
             values = torch.randn(parameter.shape, generator=generator) * 0.02
             parameter.copy_(values.to(parameter.dtype))
-    return model.eval()
+    return model.eval().requires_grad_(False)  # an inference model: no autograd state

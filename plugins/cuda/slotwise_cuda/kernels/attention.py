@@ -205,18 +205,18 @@ def _launch(
     seq_lens: torch.Tensor,
     scale: float,
     out: torch.Tensor,
-    num_q_tiles: int,
-    min_rows: int,
     decode: bool,
 ) -> None:
+    num_seqs = seq_lens.shape[0]
+    if num_seqs == 0:
+        return
     num_heads, head_size = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    block_m = max(min_rows, triton.next_power_of_2(group))
+    block_m = max(_DECODE_ROWS if decode else _PREFILL_ROWS, triton.next_power_of_2(group))
     block_q = block_m // group
-    grid = (num_q_tiles if decode else q.shape[0] // block_q + num_q_tiles, num_kv_heads)
-    if grid[0] == 0:
-        return
+    num_q_tiles = num_seqs if decode else q.shape[0] // block_q + num_seqs
+    grid = (num_q_tiles, num_kv_heads)
     _paged_attention_kernel[grid](
         q,
         k_cache,
@@ -226,7 +226,7 @@ def _launch(
         query_start_loc,
         seq_lens,
         scale * math.log2(math.e),
-        seq_lens.shape[0],
+        num_seqs,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -284,8 +284,6 @@ def paged_prefill_attention(
         seq_lens,
         scale,
         out,
-        num_q_tiles=num_seqs,
-        min_rows=_PREFILL_ROWS,
         decode=False,
     )
 
@@ -321,7 +319,5 @@ def paged_decode_attention(
         seq_lens,
         scale,
         out,
-        num_q_tiles=q.shape[0],
-        min_rows=_DECODE_ROWS,
         decode=True,
     )

@@ -1,0 +1,109 @@
+"""``slotwise bench``: decode-step latency of a model, eager against compiled variants."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from slotwise.cli.table import format_table
+
+
+def add_parser(commands: Any, name: str) -> None:
+    from slotwise.compilation.config import CompilationConfig
+
+    parser = commands.add_parser(
+        name,
+        help="measure decode-step latency: eager, level 3, level 3 with graphs, torch.compile",
+    )
+    parser.add_argument(
+        "--preset", default="small", help="model preset (tiny, small, llama-3.2-1b)"
+    )
+    parser.add_argument(
+        "--batch-sizes", default="1,4,16", help="comma-separated decode batch sizes"
+    )
+    parser.add_argument(
+        "--variants",
+        default=None,
+        help="comma-separated subset of: eager, level3, level3+graphs, torch.compile "
+        "(default: all the platform supports)",
+    )
+    parser.add_argument("--prompt-len", type=int, default=32, help="tokens cached per request")
+    parser.add_argument("--iterations", type=int, default=30, help="timed steps per variant")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: torch's choice; 1 is steadier on a busy machine)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    CompilationConfig.add_cli_arguments(parser)
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise SystemExit(f"slotwise bench: --batch-sizes {text!r} must list positive integers")
+    return sizes
+
+
+def render(result: dict[str, Any]) -> str:
+    header = [
+        "variant",
+        "batch",
+        "p50 ms",
+        "p90 ms",
+        "tokens/s",
+        "vs eager",
+        "max |dlogit|",
+        "compile s",
+        "capture s",
+    ]
+    rows = [
+        [
+            m["variant"],
+            str(m["batch_size"]),
+            f"{m['p50_ms']:.2f}",
+            f"{m['p90_ms']:.2f}",
+            f"{m['tokens_per_second']:.0f}",
+            f"{m['speedup_vs_eager']:.2f}x",
+            f"{m['max_abs_logit_diff']:.1e}",
+            f"{m['compile_seconds']:.1f}",
+            f"{m['capture_seconds']:.2f}",
+        ]
+        for m in result["measurements"]
+    ]
+    title = (
+        f"slotwise bench: preset {result['preset']} on {result['platform']} "
+        f"(torch {result['torch']}), {result['iterations']} steps per variant"
+    )
+    return title + "\n" + format_table(header, rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    from slotwise.compilation.config import CompilationConfig
+    from slotwise.decode_benchmark import run_benchmark
+
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    config = CompilationConfig.from_cli_namespace(args)
+    variants = args.variants.split(",") if args.variants else None
+    try:
+        result = run_benchmark(
+            args.preset,
+            _sizes(args.batch_sizes),
+            config,
+            variants=variants,
+            prompt_len=args.prompt_len,
+            iterations=args.iterations,
+            progress=not args.json,
+        ).as_dict()
+    except ValueError as exc:
+        raise SystemExit(f"slotwise bench: {exc}") from exc
+    print(json.dumps(result, indent=2) if args.json else render(result))
+    return 0

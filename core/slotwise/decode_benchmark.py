@@ -1,0 +1,230 @@
+"""Decode-step latency of a model under several compilation variants: the main job.
+
+Every variant builds the same seeded model, prefills the same prompts and then
+times one decode step (one new token for each of ``batch`` requests) many times.
+Ratios are taken within one run, on one machine, with variants interleaved per
+batch size so that noise from a shared machine hits them alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from slotwise.compilation.config import CompilationConfig, GraphMode
+from slotwise.models.llama import build_llama
+from slotwise.platforms import get_current_platform
+from slotwise.runner.model_runner import ModelRunner, Request
+
+logger = logging.getLogger("slotwise")
+
+#: Variant names, in the order they are reported.
+VARIANTS = ("eager", "level3", "level3+graphs", "torch.compile")
+
+
+@dataclass
+class VariantSetup:
+    name: str
+    runner: ModelRunner
+    compile_seconds: float
+    capture_seconds: float
+
+
+@dataclass
+class Measurement:
+    variant: str
+    batch_size: int
+    p50_ms: float
+    p90_ms: float
+    tokens_per_second: float
+    speedup_vs_eager: float | None
+    max_abs_logit_diff: float | None
+    compile_seconds: float
+    capture_seconds: float
+
+
+@dataclass
+class BenchmarkResult:
+    preset: str
+    platform: str
+    torch: str
+    config: dict[str, Any]
+    prompt_len: int
+    iterations: int
+    measurements: list[Measurement] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def variants_for_platform(requested: Sequence[str] | None) -> list[str]:
+    """The requested variants (default: all that make sense on this platform)."""
+    platform = get_current_platform()
+    names = list(requested or VARIANTS)
+    unknown = [name for name in names if name not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+    if "level3+graphs" in names and not platform.supports_static_graph:
+        if requested:
+            raise ValueError(
+                f"variant 'level3+graphs' needs static graphs, which platform "
+                f"{platform.name} does not have; drop it from --variants"
+            )
+        names.remove("level3+graphs")
+    return names
+
+
+def _variant_config(name: str, base: CompilationConfig, batch_sizes: Sequence[int]) -> Any:
+    if name in ("eager", "torch.compile"):
+        return CompilationConfig(level=0)
+    graphs = name == "level3+graphs"
+    return base.replace(
+        level=3,
+        graph_mode=GraphMode.PIECEWISE if graphs else GraphMode.NONE,
+        **({"capture_sizes": sorted(set(batch_sizes))} if graphs else {}),
+    )
+
+
+def setup_variant(
+    name: str,
+    preset: str,
+    base: CompilationConfig,
+    batch_sizes: Sequence[int],
+    prompt_len: int,
+    *,
+    progress: bool,
+) -> VariantSetup:
+    """Build, compile (first call) and capture one variant; time both."""
+    config = _variant_config(name, base, batch_sizes)
+    model = build_llama(preset, seed=0, compilation_config=config)
+    if name == "torch.compile":
+        model.model.forward = torch.compile(model.model.forward, fullgraph=True)
+    max_batch = max(batch_sizes)
+    blocks_per_request = -(-(prompt_len + 8) // model.config.block_size)
+    runner = ModelRunner(model, num_blocks=max_batch * blocks_per_request + 1)
+    start = time.perf_counter()
+    runner.free(_prefill(runner, 1, prompt_len))  # the first call traces and compiles
+    compile_seconds = time.perf_counter() - start
+    reports = runner.capture(progress=progress)
+    return VariantSetup(name, runner, compile_seconds, sum(r.seconds for r in reports))
+
+
+def _prompts(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(batch)
+    return torch.randint(0, vocab, (batch, prompt_len), generator=generator).tolist()
+
+
+def _prefill(runner: ModelRunner, batch: int, prompt_len: int) -> list[Request]:
+    requests = runner.add_requests(
+        _prompts(batch, prompt_len, runner.model.config.vocab_size), max_new_tokens=1
+    )
+    runner.step(requests)
+    return requests
+
+
+@dataclass
+class DecodeStep:
+    """The same decode step (one new token per request), runnable again and again;
+    it rewrites the same cache slots each time."""
+
+    runner: ModelRunner
+    requests: list[Request]
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    metadata: Any
+
+    @classmethod
+    def prepare(cls, runner: ModelRunner, batch: int, prompt_len: int) -> DecodeStep:
+        requests = _prefill(runner, batch, prompt_len)
+        for request in requests:
+            request.tokens.append(1)
+        metadata = runner.metadata_builder.build(
+            [1] * batch, [r.num_cached for r in requests], [r.block_ids for r in requests]
+        )
+        input_ids = torch.ones(batch, dtype=torch.long, device=runner.device)
+        positions = torch.tensor([r.num_cached for r in requests], device=runner.device)
+        return cls(runner, requests, input_ids, positions, metadata)
+
+    def __call__(self) -> torch.Tensor:
+        hidden = self.runner.execute(
+            self.input_ids, self.positions, self.metadata, uniform_decode=True
+        )
+        logits = self.runner.model.compute_logits(hidden)
+        self.runner.platform.synchronize()
+        return logits
+
+    def timed(self) -> float:
+        start = time.perf_counter()
+        self()
+        return time.perf_counter() - start
+
+
+def _percentile(samples: list[float], fraction: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def run_benchmark(
+    preset: str,
+    batch_sizes: Sequence[int],
+    base: CompilationConfig,
+    *,
+    variants: Sequence[str] | None = None,
+    prompt_len: int = 32,
+    iterations: int = 30,
+    warmups: int = 5,
+    progress: bool = True,
+) -> BenchmarkResult:
+    names = variants_for_platform(variants)
+    if "eager" not in names:
+        names.insert(0, "eager")  # the reference for speedups and logit differences
+    platform = get_current_platform()
+    result = BenchmarkResult(
+        preset=preset,
+        platform=platform.name,
+        torch=torch.__version__,
+        config=base.to_dict(),
+        prompt_len=prompt_len,
+        iterations=iterations,
+    )
+    setups = []
+    for name in names:
+        logger.info("setting up %s (building, compiling, capturing)", name)
+        setups.append(setup_variant(name, preset, base, batch_sizes, prompt_len, progress=progress))
+    for batch in batch_sizes:
+        steps = {
+            setup.name: DecodeStep.prepare(setup.runner, batch, prompt_len) for setup in setups
+        }
+        logits = {name: step().float() for name, step in steps.items()}
+        for step in steps.values():
+            for _ in range(warmups):
+                step()
+        samples: dict[str, list[float]] = {name: [] for name in steps}
+        for _ in range(iterations):  # interleaved: noise hits every variant alike
+            for name, step in steps.items():
+                samples[name].append(step.timed())
+        eager_p50 = statistics.median(samples["eager"])
+        for setup in setups:
+            p50 = statistics.median(samples[setup.name])
+            result.measurements.append(
+                Measurement(
+                    variant=setup.name,
+                    batch_size=batch,
+                    p50_ms=p50 * 1e3,
+                    p90_ms=_percentile(samples[setup.name], 0.9) * 1e3,
+                    tokens_per_second=batch / p50,
+                    speedup_vs_eager=eager_p50 / p50,
+                    max_abs_logit_diff=(logits[setup.name] - logits["eager"]).abs().max().item(),
+                    compile_seconds=setup.compile_seconds,
+                    capture_seconds=setup.capture_seconds,
+                )
+            )
+        for step in steps.values():
+            step.runner.free(step.requests)
+    return result

@@ -1,0 +1,30 @@
+"""Errors of distributed execution, split by when they happen and what the user can do.
+
+``DistributedInitError`` comes from ``init_distributed``: the arguments or the
+launcher's environment are inconsistent, or the processes never met at the
+rendezvous.  ``CollectiveError`` comes later, from a collective that failed because
+a peer exited or a connection broke; ``DistributedTimeoutError`` is the collective
+that did not finish within the configured timeout.  Catching ``DistributedError``
+catches all of them.
+"""
+
+from __future__ import annotations
+
+from slotwise.errors import SlotwiseError
+
+
+class DistributedError(SlotwiseError, RuntimeError):
+    """Base of slotwise's distributed errors."""
+
+
+class DistributedInitError(DistributedError):
+    """``init_distributed`` cannot set up the process groups (arguments, environment,
+    rendezvous), or a communicator is asked for before that or after shutdown."""
+
+
+class CollectiveError(DistributedError):
+    """A collective failed after start-up: a peer exited or a connection broke."""
+
+
+class DistributedTimeoutError(CollectiveError, TimeoutError):
+    """A collective did not complete within the timeout (``SLOTWISE_DIST_TIMEOUT``)."""
