@@ -25,7 +25,9 @@ from slotwise.runner.model_runner import ModelRunner, Request
 logger = logging.getLogger("slotwise")
 
 #: Variant names, in the order they are reported.
-VARIANTS = ("eager", "level3", "level3+graphs", "torch.compile")
+VARIANTS = ("eager", "level3", "level3+graphs", "torch.compile", "torch.compile:reduce-overhead")
+#: What runs when no variant is named: "reduce-overhead" only differs on a GPU.
+DEFAULT_VARIANTS = VARIANTS[:4]
 
 
 @dataclass
@@ -57,6 +59,7 @@ class BenchmarkResult:
     config: dict[str, Any]
     prompt_len: int
     iterations: int
+    dtype: str
     measurements: list[Measurement] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -66,7 +69,7 @@ class BenchmarkResult:
 def variants_for_platform(requested: Sequence[str] | None) -> list[str]:
     """The requested variants (default: all that make sense on this platform)."""
     platform = get_current_platform()
-    names = list(requested or VARIANTS)
+    names = list(requested or DEFAULT_VARIANTS)
     unknown = [name for name in names if name not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
@@ -81,7 +84,7 @@ def variants_for_platform(requested: Sequence[str] | None) -> list[str]:
 
 
 def _variant_config(name: str, base: CompilationConfig, batch_sizes: Sequence[int]) -> Any:
-    if name in ("eager", "torch.compile"):
+    if name == "eager" or name.startswith("torch.compile"):
         return CompilationConfig(level=0)
     graphs = name == "level3+graphs"
     return base.replace(
@@ -99,12 +102,20 @@ def setup_variant(
     prompt_len: int,
     *,
     progress: bool,
+    dtype: torch.dtype = torch.float32,
 ) -> VariantSetup:
     """Build, compile (first call) and capture one variant; time both."""
     config = _variant_config(name, base, batch_sizes)
-    model = build_llama(preset, seed=0, compilation_config=config)
-    if name == "torch.compile":
-        model.model.forward = torch.compile(model.model.forward, fullgraph=True)
+    model = build_llama(
+        preset,
+        seed=0,
+        dtype=dtype,
+        device=get_current_platform().device_type,
+        compilation_config=config,
+    )
+    if name.startswith("torch.compile"):
+        mode = name.partition(":")[2] or None
+        model.model.forward = torch.compile(model.model.forward, fullgraph=True, mode=mode)
     max_batch = max(batch_sizes)
     blocks_per_request = -(-(prompt_len + 8) // model.config.block_size)
     runner = ModelRunner(model, num_blocks=max_batch * blocks_per_request + 1)
@@ -180,6 +191,7 @@ def run_benchmark(
     iterations: int = 30,
     warmups: int = 5,
     progress: bool = True,
+    dtype: torch.dtype = torch.float32,
 ) -> BenchmarkResult:
     names = variants_for_platform(variants)
     if "eager" not in names:
@@ -192,11 +204,16 @@ def run_benchmark(
         config=base.to_dict(),
         prompt_len=prompt_len,
         iterations=iterations,
+        dtype=str(dtype).removeprefix("torch."),
     )
     setups = []
     for name in names:
         logger.info("setting up %s (building, compiling, capturing)", name)
-        setups.append(setup_variant(name, preset, base, batch_sizes, prompt_len, progress=progress))
+        setups.append(
+            setup_variant(
+                name, preset, base, batch_sizes, prompt_len, progress=progress, dtype=dtype
+            )
+        )
     for batch in batch_sizes:
         steps = {
             setup.name: DecodeStep.prepare(setup.runner, batch, prompt_len) for setup in setups
