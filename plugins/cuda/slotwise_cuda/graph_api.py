@@ -1,8 +1,8 @@
-"""The graph API the CUDA backends use, as an injectable object.
+"""CUDA graphs behind slotwise's ``GraphAPI``.
 
-Everything that touches ``torch.cuda`` graph machinery goes through ``GraphAPI``,
-so the capture bookkeeping runs and is tested on the CPU with an implementation
-that keeps the same contract (``tests/cuda_graphs``).
+Everything that touches ``torch.cuda`` graph machinery is here; the bookkeeping
+of the static-graph contract is the core's ``StaticGraphWrapper``, so it is tested
+on the CPU with a stand-in API that keeps the same contract (``tests/cuda_graphs``).
 """
 
 from __future__ import annotations
@@ -11,34 +11,9 @@ import contextlib
 import gc
 import unittest.mock
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from slotwise.compilation.static_graph import weak_ref_tensors
-
-
-class StaticGraph(Protocol):
-    def capture(self, fn: Callable[[], Any], pool: Any, *, quiet: bool) -> Any:
-        """Record ``fn`` into this graph and return its outputs (graph-owned memory).
-
-        ``quiet`` skips the garbage collection and cache emptying a capture normally
-        starts with: done once for the first piece, repeating it per piece makes
-        capture slow.
-        """
-
-    def replay(self) -> None:
-        """Run the recorded work again on the captured addresses."""
-
-
-class GraphAPI(Protocol):
-    def new_graph(self) -> StaticGraph: ...
-
-    def pool(self) -> Any:
-        """The memory pool every graph of the process captures into."""
-
-    def synchronize(self) -> None: ...
-
-    def weak_ref(self, outputs: Any) -> Any:
-        """Non-owning aliases of ``outputs`` (see ``weak_ref_tensors``)."""
 
 
 class CudaGraph:

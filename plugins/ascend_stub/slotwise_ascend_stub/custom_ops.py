@@ -1,0 +1,23 @@
+"""The stub's own RMSNorm, replacing slotwise's on this platform without model changes.
+
+Registered in plugin.py through the ``slotwise_register_custom_ops`` hook.  A real
+vendor would call its fused kernel here; the function takes the layer first, like a
+method, and returns what ``RMSNorm.forward_native`` returns.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from slotwise.layers.layernorm import RMSNorm
+
+
+def rms_norm(
+    layer: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    if residual is not None:
+        x = x + residual
+        residual = x
+    mean_square = x.float().square().mean(dim=-1, keepdim=True)
+    normed = (x.float() * (mean_square + layer.eps).rsqrt()).to(x.dtype) * layer.weight
+    return normed if residual is None else (normed, residual)
