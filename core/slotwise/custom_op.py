@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import re
 import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -47,6 +48,7 @@ class CustomOpRegistry:
 
     def __init__(self) -> None:
         self._entries: dict[tuple[str, str], Implementation | str] = {}
+        self._sources: dict[tuple[str, str], str] = {}
 
     def register(self, op_name: str, platform: str, implementation: Implementation | str) -> None:
         if op_name not in CustomOp.op_classes:
@@ -55,13 +57,42 @@ class CustomOpRegistry:
                 f"cannot register a replacement for unknown custom op {op_name!r}; "
                 f"known ops: {known}"
             )
+        if isinstance(implementation, str):
+            if not _FUNCTION_PATH.match(implementation):
+                raise CustomOpError(
+                    f"replacement {implementation!r} for {op_name!r} must be a "
+                    "'module:function' string or a function"
+                )
+        elif not callable(implementation):
+            raise CustomOpError(f"replacement for {op_name!r} must be callable")
         self._entries[(op_name, platform)] = implementation
+
+    def merge(self, other: CustomOpRegistry, source: str) -> None:
+        """Take ``other``'s entries (one plugin's); a clash keeps the later one, loudly."""
+        for key, implementation in other._entries.items():
+            if key in self._entries:
+                logger.warning(
+                    "custom op %r on platform %r is replaced by both %s and %s; %s wins",
+                    *key,
+                    self._sources[key],
+                    source,
+                    source,
+                )
+            self._entries[key] = implementation
+            self._sources[key] = source
 
     def lookup(self, op_name: str, platform: str) -> Implementation | None:
         entry = self._entries.get((op_name, platform))
         if isinstance(entry, str):
             module_name, _, attribute = entry.partition(":")
-            entry = getattr(importlib.import_module(module_name), attribute)
+            try:
+                entry = getattr(importlib.import_module(module_name), attribute)
+            except (ImportError, AttributeError) as exc:
+                raise CustomOpError(
+                    f"replacement {entry!r} for custom op {op_name!r} on platform "
+                    f"{platform!r} (from {self._sources.get((op_name, platform), 'a plugin')}) "
+                    f"cannot be loaded: {type(exc).__name__}: {exc}"
+                ) from exc
             self._entries[(op_name, platform)] = entry
         return entry
 
@@ -69,20 +100,33 @@ class CustomOpRegistry:
         return sorted(self._entries)
 
 
+_FUNCTION_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _registry: CustomOpRegistry | None = None
 _registry_lock = threading.Lock()
 
 
 def get_custom_op_registry() -> CustomOpRegistry:
-    """The process's registry, filled by the plugins' hooks on first use."""
+    """The process's registry, filled by the plugins' hooks on first use.
+
+    Each plugin registers into a registry of its own, merged only when its hook
+    succeeds: a plugin that fails half-way leaves no replacement behind.
+    """
     global _registry
     with _registry_lock:
         if _registry is None:
             import slotwise.layers  # noqa: F401 - defines the core ops replacements may name
             from slotwise.plugins import get_plugin_manager
 
+            staged: dict[str, CustomOpRegistry] = {}
+
+            def fresh(record: Any) -> dict[str, Any]:
+                staged[record.name] = CustomOpRegistry()
+                return {"registry": staged[record.name]}
+
             registry = CustomOpRegistry()
-            get_plugin_manager().call_each("slotwise_register_custom_ops", registry=registry)
+            manager = get_plugin_manager()
+            for record, _ in manager.call_each("slotwise_register_custom_ops", kwargs_for=fresh):
+                registry.merge(staged[record.name], record.label)
             _registry = registry
         return _registry
 
@@ -100,9 +144,13 @@ class CustomOp(nn.Module):
         if not cls.op_name:
             raise CustomOpError(f"{cls.__qualname__} must set the class attribute op_name")
         owner = CustomOp.op_classes.get(cls.op_name)
-        if owner is not None and owner.__qualname__ != cls.__qualname__:
+        if owner is not None and (owner.__module__, owner.__qualname__) != (
+            cls.__module__,
+            cls.__qualname__,
+        ):
             raise CustomOpError(
-                f"custom op name {cls.op_name!r} is taken by {owner.__qualname__}; "
+                f"custom op name {cls.op_name!r} is taken by "
+                f"{owner.__module__}.{owner.__qualname__}; "
                 f"choose another op_name for {cls.__qualname__}"
             )
         CustomOp.op_classes[cls.op_name] = cls

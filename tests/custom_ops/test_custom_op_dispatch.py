@@ -111,33 +111,58 @@ def test_cpu_platform_runs_forward_cpu_where_a_class_has_one_and_native_elsewher
     assert ran == ["RMSNorm.forward_cpu", "SiluAndMul.forward_native"]
 
 
+@pytest.fixture
+def scale_op(op_classes) -> type[CustomOp]:
+    """A second op with a forward_cpu, to see that settings for rms_norm leave it alone."""
+
+    class Scale(CustomOp):
+        op_name = "custom_ops_test_scale"
+
+        def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 3
+
+        def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+            return x + x + x
+
+    return Scale
+
+
+def settings_id(value: object) -> str:
+    if isinstance(value, dict):
+        return ",".join(f"{key}={item}" for key, item in value.items()) or "defaults"
+    return str(value)
+
+
 @pytest.mark.parametrize(
-    "settings, rms_norm, silu_and_mul",
+    "settings, rms_norm, scale",
     [
-        ({"backend": "eager"}, "cpu", "native"),
+        ({"backend": "eager"}, "cpu", "cpu"),
         ({"backend": "eager", "custom_ops": ["none"]}, "native", "native"),
-        ({"backend": "eager", "custom_ops": ["-rms_norm"]}, "native", "native"),
+        ({"backend": "eager", "custom_ops": ["-rms_norm"]}, "native", "cpu"),
         ({"backend": "eager", "custom_ops": ["none", "+rms_norm"]}, "cpu", "native"),
-        ({"backend": "eager", "custom_ops": ["all", "-rms_norm"]}, "native", "native"),
+        ({"backend": "eager", "custom_ops": ["all", "-rms_norm"]}, "native", "cpu"),
         # default rule: Inductor at level 3 fuses the native code, so it gets that
         ({"level": 3, "backend": "inductor"}, "native", "native"),
         ({"level": 3, "backend": ""}, "native", "native"),  # the cpu platform's default
-        ({"level": 3, "backend": "eager"}, "cpu", "native"),
-        ({"level": 2, "backend": "inductor"}, "cpu", "native"),
-        ({"level": 0}, "cpu", "native"),
-        ({"level": 3, "backend": "inductor", "custom_ops": ["all"]}, "cpu", "native"),
+        ({}, "native", "native"),  # which is the default config
+        ({"level": 3, "backend": "eager"}, "cpu", "cpu"),
+        ({"level": 2, "backend": "inductor"}, "cpu", "cpu"),
+        ({"level": 0}, "cpu", "cpu"),
+        ({"level": 3, "backend": "inductor", "custom_ops": ["all"]}, "cpu", "cpu"),
         ({"level": 3, "backend": "inductor", "custom_ops": ["+rms_norm"]}, "cpu", "native"),
     ],
-    ids=lambda value: str(value),
+    ids=settings_id,
 )
 def test_custom_ops_setting_picks_the_implementation(
-    cpu_platform, ran, settings, rms_norm, silu_and_mul
+    cpu_platform, ran, scale_op, settings, rms_norm, scale
 ):
     with set_compilation_config(CompilationConfig(**settings)):
-        norm, act = RMSNorm(8), SiluAndMul()
-    assert (norm.implementation, act.implementation) == (rms_norm, silu_and_mul)
+        norm, other, act = RMSNorm(8), scale_op(), SiluAndMul()
+    assert (norm.implementation, other.implementation) == (rms_norm, scale)
+    assert act.implementation == "native"  # it has no forward_cpu
     run_rms_norm(norm)
-    assert ran == [f"RMSNorm.forward_{rms_norm}"]
+    run_silu_and_mul(act)
+    assert ran == [f"RMSNorm.forward_{rms_norm}", "SiluAndMul.forward_native"]
 
 
 def test_default_config_on_the_cpu_is_level_3_inductor_so_native(cpu_platform, ran):
@@ -325,12 +350,6 @@ def test_redefining_the_same_class_as_a_module_reload_does_is_allowed(op_classes
     assert op_classes["custom_ops_test_reload"] is second
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="bug: CustomOp.__init_subclass__ compares only __qualname__, so a class of the "
-    "same name in another module silently takes over the op name",
-)
 def test_same_class_name_in_another_module_cannot_take_over_an_op_name(op_classes):
     try:
         define_in_module("some_vendor_package.layers", "RMSNorm", "rms_norm")

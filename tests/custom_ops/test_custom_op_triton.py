@@ -141,13 +141,6 @@ def test_rms_norm_of_a_strided_view_and_of_no_tokens(device):
     assert custom_ops.rms_norm(layer, empty).shape == (0, 64)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="bug: RMSNorm.forward_native (and forward_cpu) multiply the input-dtype result "
-    "by the fp32 weight, so bf16 input with an fp32 weight comes back fp32, while the "
-    "Triton version returns bf16: the output dtype depends on the platform",
-)
 def test_rms_norm_output_dtype_does_not_depend_on_the_implementation(device):
     layer = make_rms_norm(64, torch.float32, device)  # fp32 weight
     x = randn(4, 64, seed=5, dtype=torch.bfloat16, device=device)

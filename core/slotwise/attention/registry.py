@@ -7,6 +7,7 @@ is imported only when a selection looks at it, so registering costs nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import itertools
 import re
@@ -76,6 +77,11 @@ class AttentionBackendRegistry:
             raise TypeError(f"priority of {backend!r} must be an int, got {priority!r}")
         self._entries.append(BackendEntry(platform_name, backend, priority, next(self._order)))
 
+    def merge(self, other: AttentionBackendRegistry) -> None:
+        """Take ``other``'s registrations (one plugin's), after the ones already here."""
+        for entry in other._entries:
+            self._entries.append(dataclasses.replace(entry, order=next(self._order)))
+
     def entries(self, platform_name: str | None = None) -> list[BackendEntry]:
         """Registrations for ``platform_name`` (all when None), highest priority first."""
         chosen = [e for e in self._entries if platform_name in (None, e.platform)]
@@ -105,9 +111,19 @@ def get_attention_backend_registry() -> AttentionBackendRegistry:
         if _registry is None:
             from slotwise.plugins import get_plugin_manager
 
+            # Each plugin registers into a registry of its own, kept only if its hook
+            # succeeds: a plugin failing half-way leaves no backend behind.
+            staged: dict[str, AttentionBackendRegistry] = {}
+
+            def fresh(record: Any) -> dict[str, Any]:
+                staged[record.name] = AttentionBackendRegistry()
+                return {"registry": staged[record.name]}
+
             registry = AttentionBackendRegistry()
-            get_plugin_manager().call_each(
-                "slotwise_register_attention_backends", registry=registry
-            )
+            manager = get_plugin_manager()
+            for record, _ in manager.call_each(
+                "slotwise_register_attention_backends", kwargs_for=fresh
+            ):
+                registry.merge(staged[record.name])
             _registry = registry
         return _registry

@@ -7,10 +7,15 @@ import logging
 import sys
 
 from slotwise import envs
-from slotwise.cli import bench_command, env_command
+from slotwise.cli import bench_command, conformance_command, env_command, matrix_command
 from slotwise.errors import SlotwiseError
 
-SUBCOMMANDS = {"env": env_command, "bench": bench_command}
+SUBCOMMANDS = {
+    "env": env_command,
+    "bench": bench_command,
+    "matrix": matrix_command,
+    "conformance": conformance_command,
+}
 
 
 def configure_logging() -> None:

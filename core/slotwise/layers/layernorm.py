@@ -30,7 +30,7 @@ class RMSNorm(CustomOp):
             residual = x
         x32 = x.float()
         variance = x32.pow(2).mean(dim=-1, keepdim=True)
-        normed = (x32 * torch.rsqrt(variance + self.eps)).to(x.dtype) * self.weight
+        normed = (x32 * torch.rsqrt(variance + self.eps) * self.weight.float()).to(x.dtype)
         return normed if residual is None else (normed, residual)
 
     def forward_cpu(
@@ -39,8 +39,7 @@ class RMSNorm(CustomOp):
         if residual is not None:
             x = x + residual
             residual = x
-        normed = (
-            torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-            * self.weight
-        )
+        normed = torch.nn.functional.rms_norm(
+            x.float(), (x.shape[-1],), self.weight.float(), eps=self.eps
+        ).to(x.dtype)
         return normed if residual is None else (normed, residual)

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import logging
 import random
+import warnings
 from typing import TYPE_CHECKING, Any, NoReturn
+
+from slotwise import api_versioning
 
 if TYPE_CHECKING:
     from slotwise.compilation.config import CompilationConfig
@@ -46,6 +49,31 @@ class Platform:
     supports_static_graph: bool = False
     #: Which ``CustomOp.forward_<key>`` this platform runs ("native", "cpu", "cuda", "oot").
     custom_op_key: str = "native"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Give a method defined under a deprecated name its new name too, with a warning.
+
+        slotwise calls the new name only; aliasing it at class definition keeps a
+        platform written before the rename working until the next major API version.
+        """
+        super().__init_subclass__(**kwargs)
+        for old, (new, deprecated_in) in api_versioning.RENAMED_PLATFORM_METHODS.items():
+            if old not in cls.__dict__:
+                continue
+            if new in cls.__dict__:
+                message = f"{new}() is used and {old}() is ignored; remove {old}()"
+            else:
+                setattr(cls, new, cls.__dict__[old])
+                removed_in = api_versioning.removal_version(deprecated_in)
+                message = f"rename it to {new}() (the old name stops working in API {removed_in})"
+            warnings.warn(
+                f"{cls.__module__}.{cls.__qualname__} defines {old}(), renamed {new}() in "
+                f"slotwise API {deprecated_in}: {message}",
+                DeprecationWarning,
+                # type.__new__ runs this hook without a Python frame of its own, so the
+                # caller's frame is the class statement.
+                stacklevel=2,
+            )
 
     def __init__(self) -> None:
         if not self.name or not self.device_type:

@@ -12,13 +12,14 @@ import difflib
 import importlib.metadata
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 import pluggy
 
-from slotwise import envs
+from slotwise import api_versioning, envs
 from slotwise.errors import SlotwiseError
 from slotwise.plugins import hookspecs
 from slotwise.plugins.markers import ENTRY_POINT_GROUP, PROJECT_NAME
@@ -55,13 +56,36 @@ class PluginRecord:
         return f"plugin {self.name!r} (distribution {self.distribution} {self.version})"
 
 
+class _RenameAwarePluggyManager(pluggy.PluginManager):
+    """pluggy's manager, registering an implementation of a renamed hook under its new name.
+
+    ``parse_hookimpl_opts`` is pluggy's documented hook for customising how an
+    implementation is picked up; answering with ``specname`` set to the new name makes
+    pluggy verify and call it exactly like an implementation of the new hook, under the
+    plugin's own name (so reports and failures still point at the right plugin).
+    """
+
+    def parse_hookimpl_opts(self, plugin: Any, name: str) -> pluggy.HookimplOpts | None:
+        opts = super().parse_hookimpl_opts(plugin, name)
+        rename = api_versioning.RENAMED_HOOKS.get(name)
+        if opts is None or rename is None or opts.get("specname"):
+            return opts
+        if self.implements(plugin, rename[0]):
+            return None  # the plugin has the new name too: that one is the implementation
+        return {**opts, "specname": rename[0]}
+
+    def implements(self, plugin: Any, name: str) -> bool:
+        """Whether ``plugin`` has an attribute ``name`` marked as a hook implementation."""
+        return super().parse_hookimpl_opts(plugin, name) is not None
+
+
 class PluginManager:
     """The plugins of one process: loaded once, each hook called per plugin."""
 
     def __init__(self, *, strict: bool | None = None, allow: list[str] | None = None):
         self.strict = envs.flag("SLOTWISE_STRICT_PLUGINS") if strict is None else strict
         self.allow = envs.name_list("SLOTWISE_PLUGINS") if allow is None else allow
-        self._pm = pluggy.PluginManager(PROJECT_NAME)
+        self._pm = _RenameAwarePluggyManager(PROJECT_NAME)
         self._pm.add_hookspecs(hookspecs)
         self.records: dict[str, PluginRecord] = {}
 
@@ -92,6 +116,8 @@ class PluginManager:
             if unknown:
                 self._pm.unregister(plugin)
                 self.fail(record, _unknown_hooks_message(unknown))
+                continue
+            self._warn_renamed_hooks(record, plugin)
         if self.allow is not None:
             missing = sorted(set(self.allow) - set(self.records))
             if missing:
@@ -101,16 +127,52 @@ class PluginManager:
                     ", ".join(sorted(self.records)) or "none",
                 )
 
-    def call_each(self, hook_name: str, **kwargs: Any) -> list[tuple[PluginRecord, Any]]:
-        """Call ``hook_name`` on every loaded plugin; a plugin whose hook raises is failed."""
+    def _warn_renamed_hooks(self, record: PluginRecord, plugin: Any) -> None:
+        """One deprecation warning per renamed hook that ``plugin`` implements by its old name."""
+        for old, (new, deprecated_in) in api_versioning.RENAMED_HOOKS.items():
+            if not self._pm.implements(plugin, old):
+                continue
+            if self._pm.implements(plugin, new):
+                logger.warning(
+                    "%s implements hook %s and its new name %s (renamed in slotwise API %s); "
+                    "%s is ignored, remove it",
+                    record.label,
+                    old,
+                    new,
+                    deprecated_in,
+                    old,
+                )
+            else:
+                logger.warning(
+                    "%s implements hook %s, deprecated in slotwise API %s: rename it to %s "
+                    "(the old name stops working in API %s)",
+                    record.label,
+                    old,
+                    deprecated_in,
+                    new,
+                    api_versioning.removal_version(deprecated_in),
+                )
+
+    def call_each(
+        self,
+        hook_name: str,
+        kwargs_for: Callable[[PluginRecord], dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> list[tuple[PluginRecord, Any]]:
+        """Call ``hook_name`` on every loaded plugin; a plugin whose hook raises is failed.
+
+        ``kwargs_for(record)`` gives each plugin its own arguments, e.g. a fresh registry
+        whose entries are kept only if that plugin's hook returns without error.
+        """
         results = []
         caller = getattr(self._pm.hook, hook_name)
         for impl in reversed(caller.get_hookimpls()):  # registration order
             record = self.records[impl.plugin_name]
             if record.status != "loaded":
                 continue
+            arguments = kwargs if kwargs_for is None else kwargs_for(record)
             try:
-                result = impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
+                result = impl.function(**{arg: arguments[arg] for arg in impl.argnames})
             except Exception as exc:  # noqa: BLE001
                 self.fail(record, f"hook {hook_name} raised {_describe(exc)}")
                 continue

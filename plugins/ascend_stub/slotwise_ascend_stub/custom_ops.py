@@ -19,5 +19,6 @@ def rms_norm(
         x = x + residual
         residual = x
     mean_square = x.float().square().mean(dim=-1, keepdim=True)
-    normed = (x.float() * (mean_square + layer.eps).rsqrt()).to(x.dtype) * layer.weight
+    normed = x.float() * (mean_square + layer.eps).rsqrt() * layer.weight.float()
+    normed = normed.to(x.dtype)
     return normed if residual is None else (normed, residual)

@@ -38,6 +38,7 @@ def rotary_embedding(
     layer: RotaryEmbedding, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     query, key = query.contiguous().clone(), key.contiguous().clone()
-    cache = layer.cos_sin_cache.to(query.dtype)
-    rotary.rotary_embedding(positions, query, key, cache, layer.head_size, layer.is_neox_style)
+    rotary.rotary_embedding(
+        positions, query, key, layer.cos_sin_cache, layer.head_size, layer.is_neox_style
+    )
     return query, key

@@ -1,0 +1,189 @@
+"""`slotwise matrix`: every installed platform's features, available here or not."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from support import clean_env
+
+BUNDLED = ("ascend_stub", "cuda", "cpu")  # by priority, as the matrix orders them
+
+
+def slotwise(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "slotwise", *args],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=120,
+    )
+
+
+def matrix_in(dists, *args: str) -> subprocess.CompletedProcess[str]:
+    """`slotwise matrix ARGS` in a process that also sees the throwaway distributions."""
+    return dists.run(f"from slotwise.cli.main import main\nraise SystemExit(main({args!r}))")
+
+
+def vendor_plugin(
+    name: str,
+    *,
+    graph_support: str = "ALWAYS",
+    platform_cls: str = "VendorPlatform",
+    wrapper: str = "return Wrapper",
+    broken_backend: bool = False,
+) -> str:
+    """A plugin whose static-graph platform ``name`` is never available on this machine."""
+    extra_backend = 'registry.register(NAME, "no_such_module:Backend")' if broken_backend else ""
+    return f"""
+        import torch
+        from slotwise.attention.backend import AttentionBackend, GraphSupport
+        from slotwise.platforms import Platform, PlatformSpec
+        from slotwise.plugins import hookimpl
+
+        NAME = {name!r}
+
+        class Wrapper:
+            pass
+
+        class VendorPlatform(Platform):
+            name = NAME
+            device_type = "cpu"
+            dist_backend = "vendorccl"
+            supports_static_graph = True
+            custom_op_key = "oot"
+
+            def get_static_graph_wrapper_cls(self, **kwargs):
+                {wrapper}
+
+            def get_communicator_cls(self, **kwargs):
+                self._not_implemented("get_communicator_cls")
+
+        class VendorBackend(AttentionBackend):
+            supported_dtypes = (torch.float16,)
+            graph_support = GraphSupport.{graph_support}
+
+            @classmethod
+            def get_name(cls):
+                return "VENDOR_ATTN"
+
+        def rms_norm(layer, x, residual=None):
+            return x
+
+        @hookimpl
+        def slotwise_platforms():
+            return [PlatformSpec(NAME, __name__ + ":{platform_cls}", lambda: "no vendor card",
+                                 priority=200)]
+
+        @hookimpl
+        def slotwise_register_attention_backends(registry):
+            registry.register(NAME, __name__ + ":VendorBackend")
+            {extra_backend}
+
+        @hookimpl
+        def slotwise_register_custom_ops(registry):
+            registry.register("rms_norm", NAME, __name__ + ":rms_norm")
+    """
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    """The plain table as {feature: cells}, the header under "feature"."""
+    lines = text.split("\n\n")[1].splitlines()
+    return {cells[0]: cells[1:] for cells in (re.split(r" {2,}", line) for line in lines)}
+
+
+def test_table_shows_every_bundled_platform_and_why_some_are_unavailable():
+    result = slotwise("matrix")
+    assert result.returncode == 0, result.stderr
+    rows = table_rows(result.stdout)
+    assert rows["feature"] == list(BUNDLED)
+    assert rows["status"] == ["unavailable", "unavailable", "selected"]
+    assert rows["graph modes"][BUNDLED.index("cpu")] == "NONE"
+    assert rows["graph modes"][BUNDLED.index("cuda")].startswith("NONE, PIECEWISE")
+    assert "rms_norm" in rows["custom-op replacements"][BUNDLED.index("cuda")]
+    assert rows["custom-op key"] == ["forward_oot", "forward_cuda", "forward_cpu"]
+    assert "cuda is unavailable: " in result.stdout
+    assert "SLOTWISE_ASCEND_STUB_DEVICES is not set" in result.stdout
+
+
+def test_json_describes_each_platform_without_errors():
+    result = slotwise("matrix", "--json")
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert info["api_version"] == "1.0" and info["selected"] == "cpu"
+    platforms = {p["name"]: p for p in info["platforms"]}
+    assert list(platforms) == list(BUNDLED)
+    for platform in platforms.values():
+        assert platform["errors"] == {}
+        assert platform["requires_api"] == ">=1.0,<2"
+        assert "float32" in platform["dtypes"]
+        assert platform["attention_backends"][0]["name"]
+    assert platforms["cpu"]["communicator"]["backend"] == "gloo"
+    assert platforms["cuda"]["communicator"]["backend"] == "nccl"
+    assert platforms["cuda"]["custom_ops"] == ["rms_norm", "rotary_embedding", "silu_and_mul"]
+
+
+def test_markdown_is_a_well_formed_table():
+    result = slotwise("matrix", "--markdown")
+    assert result.returncode == 0, result.stderr
+    table = result.stdout.split("\n\n")[0].splitlines()
+    assert table[0] == "| feature | " + " | ".join(BUNDLED) + " |"
+    assert table[1] == "| --- | --- | --- | --- |"
+    assert any(line.startswith("| **graph modes** | ") for line in table)
+    for line in table:
+        assert len(re.findall(r"(?<!\\)\|", line)) == len(BUNDLED) + 2, line
+
+
+@pytest.mark.parametrize(
+    "graph_support, modes",
+    [
+        ("ALWAYS", ["NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE"]),
+        ("PIECEWISE_ONLY", ["NONE", "PIECEWISE"]),
+    ],
+)
+def test_unavailable_vendor_platform_is_described_and_full_graphs_need_attention_support(
+    dists, graph_support, modes
+):
+    dists.add("slotwise-vendor", vendor_plugin("vendor", graph_support=graph_support))
+    result = matrix_in(dists, "matrix", "--json")
+    assert result.returncode == 0, result.stderr
+    vendor = next(p for p in json.loads(result.stdout)["platforms"] if p["name"] == "vendor")
+    assert vendor["status"] == "unavailable" and vendor["reason"] == "no vendor card"
+    assert vendor["graph_modes"] == modes
+    assert vendor["dtypes"] == ["float16"]
+    assert vendor["communicator"] == {"backend": "vendorccl", "class": None}
+    assert vendor["custom_ops"] == ["rms_norm"]
+    assert vendor["errors"] == {}
+    rows = table_rows(matrix_in(dists, "matrix").stdout)
+    assert rows["communicator"][rows["feature"].index("vendor")] == "vendorccl: not implemented"
+
+
+def test_broken_plugins_show_errors_in_their_cells_and_the_rest_still_prints(dists):
+    dists.add("slotwise-noclass", vendor_plugin("noclass", platform_cls="Missing"))
+    dists.add(
+        "slotwise-nowrapper",
+        vendor_plugin(
+            "nowrapper", wrapper="raise RuntimeError('wrapper exploded')", broken_backend=True
+        ),
+    )
+    result = matrix_in(dists, "matrix")
+    assert result.returncode == 0, result.stderr
+    rows = table_rows(result.stdout)
+    noclass = rows["feature"].index("noclass")
+    nowrapper = rows["feature"].index("nowrapper")
+    cpu = rows["feature"].index("cpu")
+    assert rows["graph modes"][noclass] == "error, see notes"
+    assert rows["communicator"][noclass] == "error, see notes"
+    assert rows["attention backends"][noclass] == "VENDOR_ATTN"
+    assert rows["graph modes"][nowrapper] == "error, see notes"
+    assert rows["attention backends"][nowrapper].startswith("VENDOR_ATTN, no_such_module:Backend")
+    assert rows["graph modes"][cpu] == "NONE"
+    assert "noclass platform: PlatformError" in result.stdout
+    assert "cannot import 'slotwise_noclass:Missing'" in result.stdout
+    assert "nowrapper graph modes: RuntimeError: wrapper exploded" in result.stdout
+    assert "nowrapper attention backend no_such_module:Backend: ModuleNotFoundError" in (
+        result.stdout
+    )
