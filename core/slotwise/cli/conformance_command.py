@@ -17,10 +17,12 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from slotwise.cli.table import format_table
+from slotwise.testing.conformance import SUITE_DIRECTORY
 from slotwise.testing.conformance.report import CheckSummary, read_report, summarise
 
 
@@ -68,8 +70,9 @@ def run(args: argparse.Namespace) -> int:
             f"--slotwise-conformance-report={report_path}",
             "-c",
             str(ini),
+            # Test ids relative to the suite's own folder, where its files are.
             "--rootdir",
-            workdir,
+            str(SUITE_DIRECTORY),
             "-p",
             "no:cacheprovider",
             "-q",
@@ -103,9 +106,9 @@ def _result(platform: str, exit_status: int, output: str, report_path: Path) -> 
     checks = summarise(tests)
     error = None
     if not tests:
-        errors = [
-            line[len("ERROR: ") :] for line in output.splitlines() if line.startswith("ERROR:")
-        ]
+        # The plugin's usage errors (platform unknown, unavailable) end pytest with "ERROR: ...".
+        prefix = "ERROR: slotwise conformance: "
+        errors = [line[len(prefix) :] for line in output.splitlines() if line.startswith(prefix)]
         error = (
             errors[-1]
             if errors
@@ -164,17 +167,18 @@ def render(result: dict[str, Any]) -> str:
     if problems:
         lines += ["", "problems:", *problems]
     # Skips of one check usually share their reason: one line per reason.
-    skips = {
-        (c["check"], t["message"]): sum(
-            1 for u in c["tests"] if u["outcome"] == "skipped" and u["message"] == t["message"]
-        )
+    skips = Counter(
+        (c["check"], t["message"])
         for c in result["checks"]
         for t in c["tests"]
         if t["outcome"] == "skipped"
-    }
+    )
     if skips:
         lines += ["", "skipped:"]
-        lines += [f"  {check} ({n} tests): {message}" for (check, message), n in skips.items()]
+        lines += [
+            f"  {check} ({n} test{'s' if n > 1 else ''}): {message}"
+            for (check, message), n in skips.items()
+        ]
     bad = [c["check"] for c in result["checks"] if c["outcome"] in ("failed", "error")]
     lines += ["", f"FAILED: {', '.join(bad)}" if bad else "PASSED"]
     return "\n".join(lines)

@@ -8,13 +8,18 @@ uses the CPU.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slotwise.platforms import Platform
 from slotwise_ascend_stub.plugin import DEVICES_ENV_VAR
 
+if TYPE_CHECKING:
+    from slotwise.compilation.config import CompilationConfig
+
 #: Memory each simulated NPU pretends to have.
 STUB_DEVICE_MEMORY = 16 * 1024**3
+#: The tensor-parallel all-reduce, which the stub's graphs cannot capture.
+COLLECTIVE_SPLITTING_OP = "slotwise::tp_all_reduce"
 
 
 class AscendStubPlatform(Platform):
@@ -54,3 +59,38 @@ class AscendStubPlatform(Platform):
 
     def synchronize(self, **kwargs: Any) -> None:
         return None  # the simulated device runs synchronously
+
+    def get_communicator_cls(self, **kwargs: Any) -> type:
+        """Register the "hccl_stub" backend (on first use) and return its communicator."""
+        from slotwise_ascend_stub.communicator import AscendStubCommunicator, register_backend
+
+        register_backend()
+        return AscendStubCommunicator
+
+    # -- static graphs: the core keeps the contract, the stub supplies the graphs ----
+
+    def get_piecewise_backend_cls(self, **kwargs: Any) -> type:
+        from slotwise_ascend_stub.graphs import AscendStubPiecewiseBackend
+
+        return AscendStubPiecewiseBackend
+
+    def get_static_graph_wrapper_cls(self, **kwargs: Any) -> type:
+        from slotwise_ascend_stub.graphs import AscendStubGraphWrapper
+
+        return AscendStubGraphWrapper
+
+    def graph_pool(self, **kwargs: Any) -> Any:
+        from slotwise_ascend_stub.graphs import stub_graph_api
+
+        return stub_graph_api.pool()
+
+    def check_and_update_config(self, config: CompilationConfig, **kwargs: Any) -> None:
+        """The base defaults, plus: collectives run between graphs on this "hardware".
+
+        Adding a splitting op is how a platform keeps an op out of its static graphs;
+        slotwise logs the change.  (Real NPUs have their own such ops.)
+        """
+        super().check_and_update_config(config)
+        ops = config.resolved_splitting_ops
+        if COLLECTIVE_SPLITTING_OP not in ops:
+            config.splitting_ops = [*ops, COLLECTIVE_SPLITTING_OP]

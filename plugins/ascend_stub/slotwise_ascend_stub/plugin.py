@@ -14,6 +14,7 @@ from slotwise.plugins import hookimpl
 
 if TYPE_CHECKING:
     from slotwise.attention.registry import AttentionBackendRegistry
+    from slotwise.custom_op import CustomOpRegistry
 
 #: Real NPUs are made visible by an environment variable; so is the stub.
 DEVICES_ENV_VAR = "SLOTWISE_ASCEND_STUB_DEVICES"
@@ -48,3 +49,9 @@ def slotwise_register_attention_backends(registry: AttentionBackendRegistry) -> 
     # A "module:Class" string: the backend module (and torch) is imported only if
     # selected, so registering costs nothing.
     registry.register("ascend_stub", "slotwise_ascend_stub.attention:AscendStubReferenceBackend")
+
+
+@hookimpl
+def slotwise_register_custom_ops(registry: CustomOpRegistry) -> None:
+    # The stub's own RMSNorm replaces slotwise's on this platform; model code is unchanged.
+    registry.register("rms_norm", "ascend_stub", "slotwise_ascend_stub.custom_ops:rms_norm")

@@ -1,0 +1,77 @@
+"""The oracle of the attention check: paged attention written plainly, in float64.
+
+It keeps its own KV cache in the documented layout ``[2, num_blocks, block_size,
+num_kv_heads, head_size]``, stores each step's keys and values at the slot mapping,
+gathers a request's keys and values through its block table, and masks causally
+with the request's cached tokens as an offset.  It reads only the core
+``AttentionMetadata`` fields built by the core ``AttentionMetadataBuilder``, so it
+checks a backend whatever the layout of the backend's own cache and whatever extra
+fields the backend's metadata builder adds.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from slotwise.attention import AttentionMetadata
+
+
+class ReferenceAttention:
+    """One attention layer's reference: feed it every step the backend runs, in order."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_size: int,
+        scale: float,
+        *,
+        num_blocks: int,
+        block_size: int,
+    ) -> None:
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.scale = scale
+        self.block_size = block_size
+        self.kv_cache = torch.zeros(
+            2, num_blocks, block_size, num_kv_heads, head_size, dtype=torch.float64
+        )
+
+    def step(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        """Store this step's ``k``/``v`` and return the attention of ``q``.
+
+        q is [num_tokens, num_heads, head_size], k and v [num_tokens, num_kv_heads,
+        head_size], ordered as the metadata says; only the first
+        ``metadata.num_actual_tokens`` rows are read.  Returns
+        [num_actual_tokens, num_heads, head_size] in float64.
+        """
+        num_tokens = metadata.num_actual_tokens
+        for t in range(num_tokens):
+            block, offset = divmod(int(metadata.slot_mapping[t]), self.block_size)
+            self.kv_cache[0, block, offset] = k[t].double()
+            self.kv_cache[1, block, offset] = v[t].double()
+        out = torch.empty(num_tokens, self.num_heads, q.shape[-1], dtype=torch.float64)
+        group = self.num_heads // self.num_kv_heads
+        for r in range(metadata.num_reqs):
+            start = int(metadata.query_start_loc[r])
+            end = int(metadata.query_start_loc[r + 1])
+            seq_len = int(metadata.seq_lens[r])
+            keys, values = self._gather(metadata.block_table[r], seq_len)
+            # Query token i of the request sits at position seq_len - query_len + i.
+            positions = torch.arange(seq_len - (end - start), seq_len)
+            future = torch.arange(seq_len)[None, :] > positions[:, None]
+            for h in range(self.num_heads):
+                scores = q[start:end, h].double() @ keys[:, h // group].T * self.scale
+                probs = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+                out[start:end, h] = probs @ values[:, h // group]
+        return out
+
+    def _gather(self, block_row: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The request's first ``seq_len`` keys and values, in position order."""
+        num_blocks = -(-seq_len // self.block_size)
+        blocks = [int(b) for b in block_row[:num_blocks]]
+        keys = torch.cat([self.kv_cache[0, b] for b in blocks])[:seq_len]
+        values = torch.cat([self.kv_cache[1, b] for b in blocks])[:seq_len]
+        return keys, values

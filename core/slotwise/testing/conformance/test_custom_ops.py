@@ -1,0 +1,81 @@
+"""Check ``custom_ops``: what the platform runs for each core custom op equals ``forward_native``.
+
+A layer picks its implementation once, at construction: a replacement a plugin
+registered for this platform (hook ``slotwise_register_custom_ops``), else the
+class's ``forward_<custom_op_key>``, else ``forward_native``.  The layers are
+built at compilation level 0, where every custom op is enabled, so what runs is
+the platform's own code; a registered replacement must actually be the one chosen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from slotwise.compilation import set_compilation_config
+from slotwise.custom_op import CustomOp, get_custom_op_registry
+from slotwise.layers import RMSNorm, RotaryEmbedding, SiluAndMul
+from slotwise.testing.conformance import target
+
+NUM_TOKENS = 7
+HIDDEN = 64
+HEAD_SIZE = 64
+MAX_POSITION = 128
+TOLERANCE = 1e-4
+
+
+def rms_norm(generator: torch.Generator) -> tuple[CustomOp, list[tuple[Any, ...]]]:
+    layer = RMSNorm(HIDDEN)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(HIDDEN, generator=generator))
+    x, residual = torch.randn(2, NUM_TOKENS, HIDDEN, generator=generator)
+    return layer, [(x,), (x, residual)]
+
+
+def silu_and_mul(generator: torch.Generator) -> tuple[CustomOp, list[tuple[Any, ...]]]:
+    return SiluAndMul(), [(torch.randn(NUM_TOKENS, 2 * HIDDEN, generator=generator),)]
+
+
+def rotary_embedding(generator: torch.Generator) -> tuple[CustomOp, list[tuple[Any, ...]]]:
+    layer = RotaryEmbedding(HEAD_SIZE, MAX_POSITION)
+    positions = torch.randint(MAX_POSITION, (NUM_TOKENS,), generator=generator)
+    query = torch.randn(NUM_TOKENS, 4 * HEAD_SIZE, generator=generator)
+    key = torch.randn(NUM_TOKENS, 2 * HEAD_SIZE, generator=generator)
+    return layer, [(positions, query, key)]
+
+
+#: Each core op by name: builds the layer (on the CPU) and the argument tuples to call it with.
+BUILDERS: dict[str, Callable[[torch.Generator], tuple[CustomOp, list[tuple[Any, ...]]]]] = {
+    "rms_norm": rms_norm,
+    "silu_and_mul": silu_and_mul,
+    "rotary_embedding": rotary_embedding,
+}
+
+
+@pytest.mark.parametrize("op_name", BUILDERS)
+def test_custom_op_matches_forward_native(op_name: str) -> None:
+    platform = target.platform()
+    replaced = (op_name, platform.name) in get_custom_op_registry().entries()
+    with set_compilation_config({"level": 0}):
+        layer, calls = BUILDERS[op_name](torch.Generator().manual_seed(0))
+    if replaced and layer.implementation != "plugin":
+        target.fail(
+            f"a replacement of custom op {op_name!r} is registered for this platform, but "
+            f"{type(layer).__name__} chose its {layer.implementation!r} implementation"
+        )
+    device = platform.device_type
+    layer.to(device)
+    for args in calls:
+        args = tuple(a.to(device) for a in args)
+        got, expected = layer(*args), layer.forward_native(*args)
+        try:
+            torch.testing.assert_close(got, expected, atol=TOLERANCE, rtol=TOLERANCE)
+        except AssertionError as exc:
+            shapes = ", ".join(str(tuple(a.shape)) for a in args)
+            target.fail(
+                f"custom op {op_name!r} ({layer.implementation} implementation) differs from "
+                f"forward_native for arguments of shapes {shapes}: {exc}"
+            )

@@ -1,0 +1,134 @@
+"""Check ``interface``: the platform class has the documented attributes, types and signatures.
+
+slotwise reads these attributes without checking them at every use, and calls the
+methods with keyword arguments that may grow over releases: a wrong type or a
+method without ``**kwargs`` breaks a user far from the plugin's code.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from slotwise.compilation.config import CompilationConfig, ConfigError
+from slotwise.testing.conformance import target
+
+#: Class attributes every platform sets, with the type slotwise relies on.
+ATTRIBUTE_TYPES: dict[str, type] = {
+    "name": str,
+    "device_type": str,
+    "device_name": str,
+    "dispatch_key": str,
+    "dist_backend": str,
+    "device_control_env_var": str,
+    "default_compile_backend": str,
+    "supports_static_graph": bool,
+    "custom_op_key": str,
+}
+
+#: Values ``custom_op_key`` may take: the ``CustomOp.forward_<key>`` methods that exist.
+CUSTOM_OP_KEYS = ("native", "cpu", "cuda", "oot")
+
+#: Methods slotwise calls with keyword arguments; each must accept unknown ones.
+INTERFACE_METHODS = (
+    "device_count",
+    "get_device_name",
+    "get_device_capability",
+    "total_memory",
+    "current_memory_usage",
+    "set_device",
+    "synchronize",
+    "seed_everything",
+    "get_attention_backend_cls",
+    "get_communicator_cls",
+    "get_piecewise_backend_cls",
+    "get_static_graph_wrapper_cls",
+    "graph_pool",
+    "check_and_update_config",
+)
+
+
+def test_class_attributes_have_the_documented_types() -> None:
+    platform = target.platform()
+    problems = []
+    for attribute, expected in ATTRIBUTE_TYPES.items():
+        value = getattr(platform, attribute, None)
+        if type(value) is not expected:
+            problems.append(f"{attribute} is {value!r}, expected a {expected.__name__}")
+    if isinstance(platform.name, str) and platform.name != target.platform_name():
+        problems.append(
+            f"name is {platform.name!r}, but the PlatformSpec registers {target.platform_name()!r}"
+        )
+    if isinstance(platform.device_type, str) and not platform.device_type:
+        problems.append("device_type is empty; set the torch device type ('cpu', 'cuda', 'npu')")
+    if platform.custom_op_key not in CUSTOM_OP_KEYS:
+        problems.append(
+            f"custom_op_key is {platform.custom_op_key!r}, "
+            f"expected one of {', '.join(CUSTOM_OP_KEYS)}"
+        )
+    if isinstance(platform.default_compile_backend, str):
+        try:
+            CompilationConfig(backend=platform.default_compile_backend)
+        except ConfigError as exc:
+            problems.append(f"default_compile_backend is not a valid compile backend: {exc}")
+    if problems:
+        target.fail("; ".join(problems))
+
+
+def test_device_count_is_a_positive_int() -> None:
+    count = target.platform().device_count(future_kwarg=1)
+    if type(count) is not int or count < 1:
+        target.fail(
+            f"device_count() returned {count!r}; a selected platform must see at least one "
+            "device (its probe said it is available)"
+        )
+
+
+def test_methods_accept_unknown_keyword_arguments() -> None:
+    platform = target.platform()
+    rigid = []
+    for method in INTERFACE_METHODS:
+        parameters = inspect.signature(getattr(platform, method)).parameters.values()
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            owner = _defining_class(type(platform), method)
+            rigid.append(f"{owner}.{method}")
+    if rigid:
+        target.fail(
+            f"{', '.join(rigid)} must accept unknown keyword arguments (**kwargs), so that "
+            "slotwise can pass new requirements without breaking the plugin"
+        )
+
+
+def test_device_queries_answer_with_the_documented_types() -> None:
+    """Queries a platform does not implement yet may raise NotImplementedError; the rest
+    must answer with what callers format and compare."""
+    platform = target.platform()
+    checks: list[tuple[str, Any, str]] = [
+        ("get_device_name", lambda v: isinstance(v, str) and v, "a non-empty str"),
+        ("get_device_capability", _is_capability, "None or a (major, minor) tuple of ints"),
+        ("total_memory", lambda v: type(v) is int and v > 0, "a positive int (bytes)"),
+        ("current_memory_usage", lambda v: type(v) is int and v >= 0, "an int >= 0 (bytes)"),
+    ]
+    problems = []
+    for method, valid, expected in checks:
+        try:
+            value = getattr(platform, method)(0)
+        except NotImplementedError:
+            continue
+        if not valid(value):
+            problems.append(f"{method}(0) returned {value!r}, expected {expected}")
+    if problems:
+        target.fail("; ".join(problems))
+
+
+def _is_capability(value: Any) -> bool:
+    return value is None or (
+        isinstance(value, tuple) and len(value) == 2 and all(type(v) is int for v in value)
+    )
+
+
+def _defining_class(cls: type, method: str) -> str:
+    for klass in cls.__mro__:
+        if method in vars(klass):
+            return klass.__name__
+    return cls.__name__

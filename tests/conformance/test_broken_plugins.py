@@ -1,0 +1,173 @@
+"""Plugins broken on purpose fail exactly the matching conformance check, readably.
+
+Each is a throwaway distribution whose platform subclasses the CPU platform (so
+everything else about it is sound): an attention backend that is off by one, a
+static-graph backend that ignores the captured addresses, and a probe that imports
+torch.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from conformance_runs import messages, outcomes, run_cli
+
+pytestmark = pytest.mark.slow
+
+#: A platform that is the CPU's under the name "wrong_attention", with an attention
+#: backend that adds 1 to every output.
+WRONG_ATTENTION_PLUGIN = """
+    from slotwise.platforms import PlatformSpec
+    from slotwise.plugins import hookimpl
+    from slotwise_cpu.platform import CpuPlatform
+
+    class WrongAttentionPlatform(CpuPlatform):
+        name = "wrong_attention"
+
+    @hookimpl
+    def slotwise_platforms():
+        platform_cls = "slotwise_wrong_attention:WrongAttentionPlatform"
+        return [PlatformSpec("wrong_attention", platform_cls, lambda: True, priority=300)]
+
+    @hookimpl
+    def slotwise_register_attention_backends(registry):
+        registry.register("wrong_attention", "off_by_one_attention:OffByOneBackend")
+"""
+
+OFF_BY_ONE_ATTENTION = """
+    from slotwise_cpu.attention import CpuSdpaBackend, CpuSdpaImpl
+
+    class OffByOneImpl(CpuSdpaImpl):
+        def forward(self, layer, q, k, v, kv_cache, metadata, output):
+            super().forward(layer, q, k, v, kv_cache, metadata, output)
+            output += 1
+
+    class OffByOneBackend(CpuSdpaBackend):
+        @classmethod
+        def get_name(cls):
+            return "OFF_BY_ONE"
+
+        @classmethod
+        def get_impl_cls(cls):
+            return OffByOneImpl
+"""
+
+#: A CPU platform that claims static graphs, served by ``RememberingBackend``.
+STALE_GRAPHS_PLUGIN = """
+    from slotwise.platforms import PlatformSpec
+    from slotwise.plugins import hookimpl
+    from slotwise_cpu.platform import CpuPlatform
+
+    class StaleGraphsPlatform(CpuPlatform):
+        name = "stale_graphs"
+        supports_static_graph = True
+
+        def get_piecewise_backend_cls(self, **kwargs):
+            from remembering_graphs import RememberingBackend
+
+            return RememberingBackend
+
+        def graph_pool(self, **kwargs):
+            return "the one pool"
+
+    @hookimpl
+    def slotwise_platforms():
+        platform_cls = "slotwise_stale_graphs:StaleGraphsPlatform"
+        return [PlatformSpec("stale_graphs", platform_cls, lambda: True, priority=300)]
+
+    @hookimpl
+    def slotwise_register_attention_backends(registry):
+        registry.register("stale_graphs", "slotwise_cpu.attention:CpuSdpaBackend")
+"""
+
+#: "Captures" a size by remembering the outputs of its second run and "replays" by
+#: returning them: it never reads the inputs again, nor checks their addresses.
+REMEMBERING_GRAPHS = """
+    from slotwise.compilation import CompiledPiecewiseBackend, GraphMode, counters
+    from slotwise.compilation.static_graph import runtime_graph_mode
+
+    class RememberingBackend(CompiledPiecewiseBackend):
+        def __init__(self, graph, config, **kwargs):
+            super().__init__(graph, config, **kwargs)
+            self.runs = {}
+            self.remembered = {}
+
+        def __call__(self, *args):
+            size = self.runtime_size(args)
+            if runtime_graph_mode(self.config, size) != GraphMode.PIECEWISE:
+                return super().__call__(*args)
+            if size in self.remembered:
+                return self.remembered[size]
+            out = super().__call__(*args)
+            self.runs[size] = self.runs.get(size, 0) + 1
+            if self.runs[size] > self.config.graph_warmups:
+                self.remembered[size] = out
+                counters.bump("num_graphs_captured")
+            return out
+"""
+
+#: A CPU platform whose probe asks torch whether there is a GPU.
+TORCH_PROBE_PLUGIN = """
+    from slotwise.platforms import PlatformSpec
+    from slotwise.plugins import hookimpl
+    from slotwise_cpu.platform import CpuPlatform
+
+    class TorchProbePlatform(CpuPlatform):
+        name = "torch_probe"
+
+    def probe():
+        import torch
+
+        torch.cuda.is_available()
+        return bool(torch.ones(1))
+
+    @hookimpl
+    def slotwise_platforms():
+        platform_cls = "slotwise_torch_probe:TorchProbePlatform"
+        return [PlatformSpec("torch_probe", platform_cls, probe, priority=300)]
+
+    @hookimpl
+    def slotwise_register_attention_backends(registry):
+        registry.register("torch_probe", "slotwise_cpu.attention:CpuSdpaBackend")
+"""
+
+
+def failing_checks(summary) -> set[str]:
+    return {check for check, outcome in outcomes(summary).items() if outcome == "failed"}
+
+
+def test_wrong_attention_output_fails_the_attention_check(dists):
+    (dists.root / "off_by_one_attention.py").write_text(textwrap.dedent(OFF_BY_ONE_ATTENTION))
+    dists.add("slotwise-wrong-attention", WRONG_ATTENTION_PLUGIN)
+    summary, result = run_cli("wrong_attention", site=dists.root)
+    assert result.returncode == 1, result.stderr[-5000:]
+    assert failing_checks(summary) == {"attention"}, summary
+    assert outcomes(summary)["interface"] == "passed"
+    problem = messages(summary, "attention").splitlines()[0]
+    assert problem.startswith("platform 'wrong_attention': attention backend OFF_BY_ONE")
+    assert "differs from the reference" in problem
+    assert "max |error| 1" in problem
+
+
+def test_static_graphs_that_ignore_addresses_fail_the_static_graph_check(dists):
+    (dists.root / "remembering_graphs.py").write_text(textwrap.dedent(REMEMBERING_GRAPHS))
+    dists.add("slotwise-stale-graphs", STALE_GRAPHS_PLUGIN)
+    summary, result = run_cli("stale_graphs", site=dists.root)
+    assert result.returncode == 1, result.stderr[-5000:]
+    assert failing_checks(summary) == {"static_graphs"}, summary
+    assert outcomes(summary)["compile"] == "passed"
+    problems = messages(summary, "static_graphs")
+    assert "size 1, replay run" in problems
+    assert "after zeroing the captured input buffer" in problems
+    assert "did not raise slotwise.compilation.StaticGraphError" in problems
+
+
+def test_a_probe_that_imports_torch_fails_the_probe_check(dists):
+    dists.add("slotwise-torch-probe", TORCH_PROBE_PLUGIN)
+    summary, result = run_cli("torch_probe", site=dists.root)
+    assert result.returncode == 1, result.stderr[-5000:]
+    assert failing_checks(summary) == {"probe"}, summary
+    problems = messages(summary, "probe")
+    assert "probes must read device files or NVML, not torch" in problems
+    assert "must finish within 100 ms" in problems

@@ -1,0 +1,86 @@
+"""The pytest plugin is loaded by every pytest run wherever slotwise is installed: it must
+cost nothing and change nothing unless asked, and when asked for a platform that cannot
+run it must stop the session instead of passing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from conformance_runs import environment, run_cli
+
+#: A user's test file that fails if the plugin imported torch or the suite.
+USER_TESTS = """
+    import sys
+
+    def test_the_plugin_stayed_out_of_the_way():
+        assert "torch" not in sys.modules
+        assert "slotwise.testing.conformance" not in sys.modules
+
+    def test_failing_on_purpose():
+        assert False
+"""
+
+
+def pytest_in(folder: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=folder,
+        env=environment(**env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_plugin_is_registered_and_cheap():
+    code = """
+        import sys
+        import importlib.metadata
+        names = {ep.value for ep in importlib.metadata.entry_points(group="pytest11")}
+        assert "slotwise.testing.pytest_plugin" in names, names
+        import slotwise.testing.pytest_plugin
+        assert "torch" not in sys.modules
+    """
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=environment(), capture_output=True
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_without_the_option_nothing_changes(tmp_path: Path):
+    (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TESTS))
+    result = pytest_in(tmp_path, "-q", "--slotwise-platform=cpu")
+    assert "1 failed, 1 passed" in result.stdout, result.stdout
+
+
+def test_with_the_option_the_suite_replaces_the_default_test_paths(tmp_path: Path):
+    (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TESTS))
+    result = pytest_in(
+        tmp_path, "-q", "--slotwise-conformance", "-k", "interface", SLOTWISE_PLATFORM="cpu"
+    )
+    assert result.returncode == 0, result.stdout
+    assert "4 passed" in result.stdout
+    assert "test_user.py" not in result.stdout
+
+
+def test_an_unavailable_platform_stops_the_session(tmp_path: Path):
+    result = pytest_in(tmp_path, "--slotwise-conformance", "--slotwise-platform=ascend_stub")
+    assert result.returncode == 4  # pytest's usage error: nothing ran, nothing passed
+    assert "SLOTWISE_ASCEND_STUB_DEVICES is not set" in result.stderr
+
+
+def test_the_option_needs_a_platform(tmp_path: Path):
+    result = pytest_in(tmp_path, "--slotwise-conformance")
+    assert result.returncode == 4
+    assert "--slotwise-platform=NAME" in result.stderr
+
+
+def test_cli_reports_an_unknown_platform_as_an_error():
+    summary, result = run_cli("no_such_platform")
+    assert result.returncode == 2
+    assert summary["passed"] is False
+    assert summary["checks"] == []
+    assert "no such platform" in summary["error"]
