@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,3 +64,97 @@ class Distributions:
             text=True,
             timeout=120,
         )
+
+
+#: What torchrun tells its workers; cleared so a test's processes see only its own.
+LAUNCHER_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on at the moment of asking."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def process_env(**overrides: str) -> dict[str, str]:
+    """``clean_env`` without a launcher's variables, one CPU thread per process."""
+    env = {k: v for k, v in clean_env().items() if k not in LAUNCHER_VARIABLES}
+    env["OMP_NUM_THREADS"] = "1"  # N processes on few cores: no oversubscription
+    env.update(overrides)
+    return env
+
+
+def torchrun_env(rank: int, world_size: int, port: int, **overrides: str) -> dict[str, str]:
+    """The environment torchrun gives rank ``rank`` of a one-machine job on 127.0.0.1."""
+    return process_env(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        **overrides,
+    )
+
+
+@dataclass
+class Finished:
+    """One process of ``run_together``: its exit status and output."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_together(
+    commands: Sequence[tuple[Sequence[str], Mapping[str, str]]], timeout: float
+) -> list[Finished]:
+    """Start every ``(argv, env)`` at once and wait for all, killing them all at ``timeout``.
+
+    Output goes to files, not pipes, so a chatty process cannot block on a full pipe
+    while its peers wait for it in a collective.  A timeout fails the test with every
+    process's output.
+    """
+    deadline = time.monotonic() + timeout
+    with tempfile.TemporaryDirectory() as folder:
+        logs = [
+            (Path(folder, f"{i}.out").open("w+"), Path(folder, f"{i}.err").open("w+"))
+            for i in range(len(commands))
+        ]
+        processes = [
+            subprocess.Popen(list(argv), env=dict(env), stdout=out, stderr=err, text=True)
+            for (argv, env), (out, err) in zip(commands, logs, strict=True)
+        ]
+        timed_out = False
+        for process in processes:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                break
+        finished = []
+        for process, (out, err) in zip(processes, logs, strict=True):
+            if timed_out:
+                process.kill()  # a no-op for those that already exited
+            process.wait()
+            out.seek(0)
+            err.seek(0)
+            finished.append(Finished(process.returncode, out.read(), err.read()))
+            out.close()
+            err.close()
+    if timed_out:
+        report = "\n".join(
+            f"--- process {i} (exit {f.returncode})\n{f.stdout}\n{f.stderr[-4000:]}"
+            for i, f in enumerate(finished)
+        )
+        raise AssertionError(f"processes still running after {timeout} s were killed\n{report}")
+    return finished

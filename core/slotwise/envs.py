@@ -14,6 +14,7 @@ ENVIRONMENT_VARIABLES: dict[str, str] = {
     "SLOTWISE_CACHE_ROOT": "compile cache folder (default ~/.cache/slotwise/compile)",
     "SLOTWISE_ATTENTION_BACKEND": "override the platform's choice of attention backend",
     "SLOTWISE_LOGGING_LEVEL": "level of the 'slotwise' logger in the CLI (default INFO)",
+    "SLOTWISE_DIST_TIMEOUT": "seconds before a stuck rendezvous or collective fails (default 600)",
 }
 
 

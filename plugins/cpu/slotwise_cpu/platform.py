@@ -61,3 +61,8 @@ class CpuPlatform(Platform):
 
     def synchronize(self, **kwargs: Any) -> None:
         return None  # CPU kernels run synchronously
+
+    def get_communicator_cls(self, **kwargs: Any) -> type:
+        from slotwise_cpu.communicator import CpuCommunicator
+
+        return CpuCommunicator

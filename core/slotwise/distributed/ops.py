@@ -1,0 +1,59 @@
+"""Collectives as torch custom ops, so compiled models keep them in one graph.
+
+Dynamo can trace the base ``Communicator`` (it rewrites plain torch.distributed calls
+into its functional collectives), but not a vendor communicator that calls its own
+library, and traced code loses the communicator's error handling.  These ops are
+opaque nodes instead: ``torch.compile(fullgraph=True)`` records
+``torch.ops.slotwise.tp_all_reduce`` and friends like any aten op, their fake
+implementations give the output shapes, and at run time they call the communicator
+registered under ``group_name`` ("tp" or "world"), whichever platform's class that
+is.  Registered when ``slotwise.distributed`` is imported.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from slotwise.distributed.state import get_communicator
+
+#: Qualified names, e.g. for ``CompilationConfig.splitting_ops`` or graph inspection.
+ALL_REDUCE_OP = "slotwise::tp_all_reduce"
+ALL_GATHER_OP = "slotwise::tp_all_gather"
+REDUCE_SCATTER_OP = "slotwise::tp_reduce_scatter"
+
+
+@torch.library.custom_op(ALL_REDUCE_OP, mutates_args=())
+def tp_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """Sum of ``x`` over the group ``group_name``."""
+    return get_communicator(group_name).all_reduce(x)
+
+
+@tp_all_reduce.register_fake
+def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op(ALL_GATHER_OP, mutates_args=())
+def tp_all_gather(x: torch.Tensor, dim: int, group_name: str) -> torch.Tensor:
+    """The group's tensors concatenated along ``dim`` in rank order."""
+    return get_communicator(group_name).all_gather(x, dim)
+
+
+@tp_all_gather.register_fake
+def _(x: torch.Tensor, dim: int, group_name: str) -> torch.Tensor:
+    shape = list(x.shape)
+    shape[dim] *= get_communicator(group_name).world_size
+    return x.new_empty(shape)
+
+
+@torch.library.custom_op(REDUCE_SCATTER_OP, mutates_args=())
+def tp_reduce_scatter(x: torch.Tensor, dim: int, group_name: str) -> torch.Tensor:
+    """The sum over the group, split along ``dim``; this rank's chunk."""
+    return get_communicator(group_name).reduce_scatter(x, dim)
+
+
+@tp_reduce_scatter.register_fake
+def _(x: torch.Tensor, dim: int, group_name: str) -> torch.Tensor:
+    shape = list(x.shape)
+    shape[dim] //= get_communicator(group_name).world_size
+    return x.new_empty(shape)

@@ -1,0 +1,346 @@
+"""Tensor-parallel layers: each rank holds a slice of the weights, collectives join them.
+
+The Megatron split: a column-parallel linear layer keeps a slice of the output
+features, so its output is sharded and needs no communication; a row-parallel layer
+keeps the matching slice of the input features and all-reduces its partial sums.
+Chaining the two (QKV then output projection, gate/up then down) costs one
+all-reduce per pair.  Embedding and LM head shard the vocabulary.
+
+The layers read their rank and size from the tensor-parallel group when they are
+built; without ``init_distributed`` that is rank 0 of 1, and every layer computes
+exactly what its ``torch.nn`` counterpart does.  Fresh weights are drawn like
+``nn.Linear``'s and ``nn.Embedding``'s, independently per rank, so a real model loads
+its weights with ``load_full_weight``: it takes the unsharded tensor and keeps this
+rank's slice, which lets every rank load the same checkpoint or the same seeded
+draw.  The collectives are the ``torch.ops.slotwise.tp_*`` custom ops, so the layers
+compile with ``torch.compile(fullgraph=True)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from slotwise.distributed.ops import tp_all_gather, tp_all_reduce
+from slotwise.distributed.state import (
+    TP_GROUP,
+    get_tensor_parallel_rank,
+    get_tensor_parallel_world_size,
+)
+
+
+def _divide(value: int, tp_size: int, what: str) -> int:
+    if value % tp_size:
+        raise ValueError(
+            f"{what} ({value}) is not divisible by the tensor-parallel size {tp_size}; "
+            "choose a tensor_parallel_size that divides it"
+        )
+    return value // tp_size
+
+
+def _check_full(tensor: torch.Tensor, shape: tuple[int, ...], what: str) -> None:
+    if tuple(tensor.shape) != shape:
+        raise ValueError(
+            f"{what} must be the unsharded tensor of shape {shape}, got {tuple(tensor.shape)}"
+        )
+
+
+class _OutputShardedLinear(nn.Module):
+    """A linear layer holding chosen row ranges (output features) of a full weight.
+
+    ``shard_rows`` lists ``(start, length)`` ranges of the full weight's rows; this
+    rank's weight is their concatenation.  The column-parallel layers differ only in
+    which ranges they pick.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        shard_rows: list[tuple[int, int]],
+        bias: bool,
+        params_dtype: torch.dtype | None,
+    ) -> None:
+        super().__init__()
+        self.tp_rank = get_tensor_parallel_rank()
+        self.tp_size = get_tensor_parallel_world_size()
+        self.input_size = input_size
+        self.output_size = output_size
+        self.shard_rows = shard_rows
+        rows = sum(length for _, length in shard_rows)
+        bound = 1 / math.sqrt(input_size)  # nn.Linear's initial distribution
+        self.weight = nn.Parameter(
+            torch.empty(rows, input_size, dtype=params_dtype).uniform_(-bound, bound)
+        )
+        self.bias = (
+            nn.Parameter(torch.empty(rows, dtype=params_dtype).uniform_(-bound, bound))
+            if bias
+            else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    @torch.no_grad()
+    def load_full_weight(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        """Keep this rank's rows of the unsharded ``weight`` (and ``bias``)."""
+        _check_full(weight, (self.output_size, self.input_size), "weight")
+        self.weight.copy_(self._rows(weight))
+        if bias is not None:
+            if self.bias is None:
+                raise ValueError(f"{type(self).__name__} was built with bias=False")
+            _check_full(bias, (self.output_size,), "bias")
+            self.bias.copy_(self._rows(bias))
+
+    def _rows(self, full: torch.Tensor) -> torch.Tensor:
+        return torch.cat([full.narrow(0, start, length) for start, length in self.shard_rows])
+
+    def extra_repr(self) -> str:
+        return (
+            f"in={self.input_size}, out={self.output_size}, local_out={self.weight.shape[0]}, "
+            f"bias={self.bias is not None}, tp={self.tp_rank}/{self.tp_size}"
+        )
+
+
+class ColumnParallelLinear(_OutputShardedLinear):
+    """``nn.Linear`` whose output features are split evenly across the ranks.
+
+    The output is this rank's slice of the features, ready for a row-parallel layer;
+    ``gather_output=True`` all-gathers the full output instead.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = True,
+        *,
+        gather_output: bool = False,
+        params_dtype: torch.dtype | None = None,
+    ) -> None:
+        tp_rank, tp_size = get_tensor_parallel_rank(), get_tensor_parallel_world_size()
+        per_rank = _divide(output_size, tp_size, "output_size")
+        super().__init__(
+            input_size, output_size, [(tp_rank * per_rank, per_rank)], bias, params_dtype
+        )
+        self.gather_output = gather_output
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias)
+        if self.gather_output and self.tp_size > 1:
+            y = tp_all_gather(y, -1, TP_GROUP)
+        return y
+
+
+class MergedColumnParallelLinear(_OutputShardedLinear):
+    """Several column-parallel outputs in one matmul, each split across the ranks.
+
+    For gate and up projections (``output_sizes=[intermediate, intermediate]``): the
+    local output is this rank's gate slice followed by its up slice, which is what
+    ``SiluAndMul`` expects.  The full weight stacks the blocks in the same order.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: list[int],
+        bias: bool = True,
+        *,
+        params_dtype: torch.dtype | None = None,
+    ) -> None:
+        tp_rank, tp_size = get_tensor_parallel_rank(), get_tensor_parallel_world_size()
+        shard_rows, offset = [], 0
+        for index, size in enumerate(output_sizes):
+            per_rank = _divide(size, tp_size, f"output_sizes[{index}]")
+            shard_rows.append((offset + tp_rank * per_rank, per_rank))
+            offset += size
+        super().__init__(input_size, offset, shard_rows, bias, params_dtype)
+        self.output_sizes = list(output_sizes)
+
+
+class QKVParallelLinear(_OutputShardedLinear):
+    """The fused query/key/value projection with attention heads split across ranks.
+
+    Each rank gets ``total_num_heads / tp`` query heads and the key/value heads they
+    attend with.  With fewer key/value heads than ranks (grouped-query attention at
+    high tp) each key/value head is replicated on ``tp / total_num_kv_heads`` ranks.
+    ``num_heads``, ``num_kv_heads``, ``q_size`` and ``kv_size`` are per rank: split
+    the output with ``[q_size, kv_size, kv_size]`` and give the attention layer the
+    per-rank head counts.  The full weight stacks all query, key and value heads.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_size: int,
+        total_num_heads: int,
+        total_num_kv_heads: int | None = None,
+        bias: bool = False,
+        *,
+        params_dtype: torch.dtype | None = None,
+    ) -> None:
+        tp_rank, tp_size = get_tensor_parallel_rank(), get_tensor_parallel_world_size()
+        total_num_kv_heads = total_num_kv_heads or total_num_heads
+        num_heads = _divide(total_num_heads, tp_size, "total_num_heads")
+        if total_num_kv_heads >= tp_size:
+            num_kv_heads = _divide(total_num_kv_heads, tp_size, "total_num_kv_heads")
+            first_kv_head = tp_rank * num_kv_heads
+        elif tp_size % total_num_kv_heads == 0:
+            num_kv_heads = 1
+            first_kv_head = tp_rank // (tp_size // total_num_kv_heads)
+        else:
+            raise ValueError(
+                f"total_num_kv_heads ({total_num_kv_heads}) is smaller than the tensor-parallel "
+                f"size {tp_size} but does not divide it, so its heads cannot be replicated "
+                "evenly; choose a tensor_parallel_size that is a multiple of it"
+            )
+        q_size, kv_size = num_heads * head_size, num_kv_heads * head_size
+        total_q, total_kv = total_num_heads * head_size, total_num_kv_heads * head_size
+        kv_start = first_kv_head * head_size
+        shard_rows = [
+            (tp_rank * q_size, q_size),
+            (total_q + kv_start, kv_size),
+            (total_q + total_kv + kv_start, kv_size),
+        ]
+        super().__init__(hidden_size, total_q + 2 * total_kv, shard_rows, bias, params_dtype)
+        self.head_size = head_size
+        self.total_num_heads = total_num_heads
+        self.total_num_kv_heads = total_num_kv_heads
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.q_size = q_size
+        self.kv_size = kv_size
+
+
+class RowParallelLinear(nn.Module):
+    """``nn.Linear`` whose input features are split across the ranks.
+
+    Each rank multiplies its slice of the input by its slice of the weight; the
+    all-reduce of the partial sums gives every rank the full output, and the bias is
+    added once, after it.  ``input_is_parallel=False`` takes the full input and
+    slices it here.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = True,
+        *,
+        input_is_parallel: bool = True,
+        params_dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.tp_rank = get_tensor_parallel_rank()
+        self.tp_size = get_tensor_parallel_world_size()
+        self.input_size = input_size
+        self.output_size = output_size
+        self.input_size_per_partition = _divide(input_size, self.tp_size, "input_size")
+        self.input_is_parallel = input_is_parallel
+        bound = 1 / math.sqrt(input_size)  # nn.Linear's initial distribution
+        self.weight = nn.Parameter(
+            torch.empty(output_size, self.input_size_per_partition, dtype=params_dtype).uniform_(
+                -bound, bound
+            )
+        )
+        self.bias = (
+            nn.Parameter(torch.empty(output_size, dtype=params_dtype).uniform_(-bound, bound))
+            if bias
+            else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.linear(x, self.weight, self.bias)
+        if not self.input_is_parallel:
+            x = x.narrow(
+                -1, self.tp_rank * self.input_size_per_partition, self.input_size_per_partition
+            )
+        y = tp_all_reduce(F.linear(x, self.weight), TP_GROUP)
+        return y if self.bias is None else y + self.bias
+
+    @torch.no_grad()
+    def load_full_weight(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        """Keep this rank's columns of the unsharded ``weight``; the bias is not split."""
+        _check_full(weight, (self.output_size, self.input_size), "weight")
+        per_rank = self.input_size_per_partition
+        self.weight.copy_(weight.narrow(1, self.tp_rank * per_rank, per_rank))
+        if bias is not None:
+            if self.bias is None:
+                raise ValueError("RowParallelLinear was built with bias=False")
+            _check_full(bias, (self.output_size,), "bias")
+            self.bias.copy_(bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in={self.input_size}, local_in={self.input_size_per_partition}, "
+            f"out={self.output_size}, bias={self.bias is not None}, "
+            f"tp={self.tp_rank}/{self.tp_size}"
+        )
+
+
+class VocabParallelEmbedding(nn.Module):
+    """``nn.Embedding`` with the vocabulary split across the ranks.
+
+    Rank r holds rows ``[r * n, (r + 1) * n)`` with ``n = ceil(vocab / tp)``; rows past
+    the vocabulary are zero padding.  A token looked up elsewhere gives zeros here, so
+    the all-reduce of the ranks' results is the embedding.
+    """
+
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, *, params_dtype: torch.dtype | None = None
+    ) -> None:
+        super().__init__()
+        self.tp_rank = get_tensor_parallel_rank()
+        self.tp_size = get_tensor_parallel_world_size()
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.num_embeddings_per_partition = -(-num_embeddings // self.tp_size)
+        self.vocab_start = min(self.tp_rank * self.num_embeddings_per_partition, num_embeddings)
+        self.vocab_end = min(self.vocab_start + self.num_embeddings_per_partition, num_embeddings)
+        weight = torch.empty(self.num_embeddings_per_partition, embedding_dim, dtype=params_dtype)
+        weight.normal_()  # nn.Embedding's initial distribution
+        weight[self.vocab_end - self.vocab_start :] = 0
+        self.weight = nn.Parameter(weight)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.embedding(input_ids, self.weight)
+        mine = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)
+        local_ids = torch.where(mine, input_ids - self.vocab_start, 0)
+        embedded = F.embedding(local_ids, self.weight).masked_fill(~mine.unsqueeze(-1), 0)
+        return tp_all_reduce(embedded, TP_GROUP)
+
+    @torch.no_grad()
+    def load_full_weight(self, weight: torch.Tensor) -> None:
+        """Keep this rank's rows of the unsharded ``(num_embeddings, embedding_dim)`` weight."""
+        _check_full(weight, (self.num_embeddings, self.embedding_dim), "weight")
+        rows = self.vocab_end - self.vocab_start
+        self.weight[:rows].copy_(weight[self.vocab_start : self.vocab_end])
+        self.weight[rows:] = 0
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_embeddings}, {self.embedding_dim}, "
+            f"local=[{self.vocab_start}, {self.vocab_end}), tp={self.tp_rank}/{self.tp_size}"
+        )
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """The output projection to vocabulary logits, with the vocabulary split across ranks.
+
+    Each rank computes the logits of its vocabulary slice; an all-gather puts the full
+    row of logits on every rank.  The weight has the embedding's layout, so
+    ``lm_head.weight = embed_tokens.weight`` ties the two at any tensor-parallel size.
+    """
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(hidden, self.weight)
+        if self.tp_size == 1:
+            return logits
+        logits = tp_all_gather(logits, -1, TP_GROUP)
+        # Padding rows sit after the last real token, so the vocabulary comes first.
+        return logits[..., : self.num_embeddings]
