@@ -36,6 +36,13 @@ def add_parser(commands: Any, name: str) -> None:
         default=None,
         help="torch intra-op threads (default: torch's choice; 1 is steadier on a busy machine)",
     )
+    parser.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        help="tensor-parallel size; run under torchrun with as many processes "
+        "(torchrun --nproc-per-node N -m slotwise bench --tp N); rank 0 prints",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     CompilationConfig.add_cli_arguments(parser)
 
@@ -78,6 +85,7 @@ def render(result: dict[str, Any]) -> str:
     ]
     title = (
         f"slotwise bench: preset {result['preset']} on {result['platform']} "
+        f"(tensor parallel {result['tensor_parallel_size']}) "
         f"(torch {result['torch']}), {result['iterations']} steps per variant"
     )
     return title + "\n" + format_table(header, rows)
@@ -93,17 +101,30 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     config = CompilationConfig.from_cli_namespace(args)
     variants = args.variants.split(",") if args.variants else None
+    sizes = _sizes(args.batch_sizes)
+    rank = 0
+    if args.tp > 1:
+        from slotwise.distributed import init_distributed
+
+        rank = init_distributed(tensor_parallel_size=args.tp).rank
     try:
         result = run_benchmark(
             args.preset,
-            _sizes(args.batch_sizes),
+            sizes,
             config,
             variants=variants,
             prompt_len=args.prompt_len,
             iterations=args.iterations,
-            progress=not args.json,
+            progress=not args.json and rank == 0,
         ).as_dict()
     except ValueError as exc:
         raise SystemExit(f"slotwise bench: {exc}") from exc
-    print(json.dumps(result, indent=2) if args.json else render(result))
+    finally:
+        if args.tp > 1:
+            from slotwise.distributed import shutdown_distributed
+
+            shutdown_distributed()
+    result["tensor_parallel_size"] = args.tp
+    if rank == 0:
+        print(json.dumps(result, indent=2) if args.json else render(result))
     return 0

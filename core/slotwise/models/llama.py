@@ -16,6 +16,13 @@ from torch import nn
 
 from slotwise.attention.layer import Attention
 from slotwise.compilation.decorators import support_torch_compile
+from slotwise.distributed.parallel_layers import (
+    MergedColumnParallelLinear,
+    ParallelLMHead,
+    QKVParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
 from slotwise.layers.activation import SiluAndMul
 from slotwise.layers.layernorm import RMSNorm
 from slotwise.layers.rotary_embedding import RotaryEmbedding
@@ -78,33 +85,32 @@ _instance_numbers = itertools.count()
 
 
 class LlamaAttention(nn.Module):
+    """Grouped-query attention; under tensor parallelism each rank holds a share of the
+    heads (QKV split by head, output projection all-reduced)."""
+
     def __init__(self, config: LlamaConfig, prefix: str) -> None:
         super().__init__()
-        self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
-        self.head_size = config.head_size
-        self.qkv_proj = nn.Linear(
-            config.hidden_size,
-            (config.num_heads + 2 * config.num_kv_heads) * config.head_size,
-            bias=False,
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size, config.head_size, config.num_heads, config.num_kv_heads
         )
-        self.o_proj = nn.Linear(config.num_heads * config.head_size, config.hidden_size, bias=False)
+        self.o_proj = RowParallelLinear(
+            config.num_heads * config.head_size, config.hidden_size, bias=False
+        )
         self.rotary_emb = RotaryEmbedding(
             config.head_size, config.max_position, base=config.rope_theta
         )
         self.attn = Attention(
-            config.num_heads,
+            self.qkv_proj.num_heads,
             config.head_size,
             config.head_size**-0.5,
-            config.num_kv_heads,
+            self.qkv_proj.num_kv_heads,
             prefix=f"{prefix}.attn",
             block_size=config.block_size,
         )
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        q_size = self.num_heads * self.head_size
-        kv_size = self.num_kv_heads * self.head_size
-        q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
+        qkv = self.qkv_proj
+        q, k, v = qkv(hidden).split([qkv.q_size, qkv.kv_size, qkv.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v))
 
@@ -112,9 +118,11 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.gate_up_proj = MergedColumnParallelLinear(
+            config.hidden_size, [config.intermediate_size] * 2, bias=False
+        )
         self.act = SiluAndMul()
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))
@@ -147,7 +155,7 @@ class LlamaModel(nn.Module):
 
     def __init__(self, config: LlamaConfig, prefix: str) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, prefix=f"{prefix}.layers.{i}")
             for i in range(config.num_layers)
@@ -173,7 +181,7 @@ class LlamaForCausalLM(nn.Module):
         # Attention layers are found by name, so each live model needs its own prefix.
         prefix = prefix or f"llama{next(_instance_numbers)}"
         self.model = LlamaModel(config, prefix=prefix)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -216,11 +224,23 @@ def build_llama(
             model = LlamaForCausalLM(preset, prefix=prefix)
     finally:
         torch.set_default_dtype(previous_dtype)
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("norm.weight"):
-                continue  # RMSNorm weights stay 1
-            values = torch.randn(parameter.shape, generator=generator) * 0.02
-            parameter.copy_(values.to(parameter.dtype))
+    _draw_weights(model, seed)
     return model.eval().requires_grad_(False)  # an inference model: no autograd state
+
+
+def _draw_weights(model: LlamaForCausalLM, seed: int) -> None:
+    """Normal(0, 0.02) weights from ``seed``, drawn unsharded and then sharded, so every
+    tensor-parallel size holds the same model; RMSNorm weights stay 1."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    tied = model.config.tie_word_embeddings
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if not hasattr(module, "load_full_weight") or (tied and name == "lm_head"):
+                continue
+            shape = (
+                (module.num_embeddings, module.embedding_dim)
+                if isinstance(module, VocabParallelEmbedding)
+                else (module.output_size, module.input_size)
+            )
+            weight = torch.randn(shape, generator=generator) * 0.02
+            module.load_full_weight(weight.to(module.weight.dtype))

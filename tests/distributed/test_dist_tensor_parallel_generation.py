@@ -1,0 +1,64 @@
+"""TP=2 greedy generation under torchrun gives the tokens of a single process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import free_port, process_env
+
+from slotwise.models.llama import PRESETS
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tensor_parallel.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("level_flags", [["-O0"], ["-O.backend=eager"]], ids=["level0", "level3"])
+def test_tensor_parallel_tokens_match_a_single_process(level_flags):
+    command = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nproc-per-node", "2",
+        "--master-addr", "127.0.0.1",
+        "--master-port", str(free_port()),
+        str(EXAMPLE), "--tp", "2", "--json", *level_flags,
+    ]  # fmt: skip
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=process_env(SLOTWISE_DIST_TIMEOUT="120", SLOTWISE_DISABLE_COMPILE_CACHE="1"),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-4000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["tp"] == 2
+    assert report["heads_per_rank"] == PRESETS["tiny"].num_heads // 2
+    assert report["matches_single_process"] is True
+    assert all(len(tokens) == 6 for tokens in report["tokens"])
+
+
+@pytest.mark.slow
+def test_bench_runs_under_torchrun_with_tensor_parallelism():
+    command = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nproc-per-node", "2",
+        "--master-addr", "127.0.0.1",
+        "--master-port", str(free_port()),
+        "-m", "slotwise", "bench", "--tp", "2", "--preset", "tiny", "--batch-sizes", "2",
+        "--iterations", "2", "--variants", "eager,level3", "-O.backend=eager", "--json",
+    ]  # fmt: skip
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=process_env(SLOTWISE_DIST_TIMEOUT="120", SLOTWISE_DISABLE_COMPILE_CACHE="1"),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-4000:]
+    report = json.loads(result.stdout)  # rank 0 alone prints
+    assert report["tensor_parallel_size"] == 2
+    assert {m["variant"] for m in report["measurements"]} == {"eager", "level3"}
+    assert all(m["max_abs_logit_diff"] < 1e-4 for m in report["measurements"])
