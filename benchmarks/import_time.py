@@ -26,27 +26,29 @@ Markdown table (or the JSON with ``--json``) is printed to stdout.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
-import json
-import logging
-import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
-from pathlib import Path
 
-LOG = logging.getLogger("slotwise.benchmarks")
+from common import (
+    LOG,
+    add_output_args,
+    configure_logging,
+    emit,
+    environment,
+    percentile,
+    utc_timestamp,
+    verdict,
+    write_outputs,
+)
 
 TARGET_MS = 60.0
 DEFAULT_RUNS = 15
 WARMUP_RUNS = 2
 TOP_IMPORTS = 10
-DEFAULT_OUT_DIR = Path(__file__).resolve().parent / "results"
 
 RESOLVE_CODE = "import slotwise; slotwise.current_platform.name"
 COMMANDS: dict[str, str] = {
@@ -96,14 +98,6 @@ def time_once(code: str, env: dict[str, str]) -> float:
     start = time.perf_counter()
     run_python(["-c", code], env)
     return (time.perf_counter() - start) * 1000.0
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linearly interpolated percentile (``q`` in 0..100) of ``values``."""
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def summarize(command: str, samples: list[float]) -> Stats:
@@ -167,23 +161,13 @@ def torch_imported(env: dict[str, str]) -> bool:
     return result.stdout.strip().splitlines()[-1] == "True"
 
 
-def package_version(name: str) -> str | None:
-    """Installed version of ``name`` from its metadata, without importing it."""
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def build_report(runs: int) -> dict[str, object]:
     """Run every measurement and collect the results into one dict."""
     env = clean_env()
     stats = {name: summarize(COMMANDS[name], s) for name, s in measure(runs, env).items()}
     overhead = round(stats["slotwise"].median_ms - stats["python"].median_ms, 2)
     return {
-        "python_version": platform.python_version(),
-        "torch_version": package_version("torch"),
-        "machine": {"arch": platform.machine(), "cpu_count": os.cpu_count()},
+        **environment(),
         "runs": runs,
         "warmup_runs": WARMUP_RUNS,
         "stats": {name: asdict(s) for name, s in stats.items()},
@@ -192,7 +176,7 @@ def build_report(runs: int) -> dict[str, object]:
         "meets_target": overhead <= TARGET_MS,
         "torch_imported": torch_imported(env),
         "top_imports": [asdict(e) for e in top_imports(env)],
-        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "timestamp": utc_timestamp(),
     }
 
 
@@ -208,11 +192,10 @@ def render_markdown(report: dict[str, object]) -> str:
             f'| `python -c "{s["command"]}"` | {s["median_ms"]:.1f} '
             f"| {s['min_ms']:.1f} | {s['p90_ms']:.1f} |"
         )
-    verdict = "PASS" if report["meets_target"] else "FAIL"
     lines += [
         "",
         f"slotwise overhead (median difference): {report['overhead_ms']:.1f} ms "
-        f"(target <= {report['target_ms']:.0f} ms): **{verdict}**",
+        f"(target <= {report['target_ms']:.0f} ms): **{verdict(report['meets_target'])}**",
         f"torch imported after resolving: {report['torch_imported']}",
         f"runs: {report['runs']}, python {report['python_version']}, "
         f"torch {report['torch_version']}",
@@ -220,20 +203,11 @@ def render_markdown(report: dict[str, object]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(report: dict[str, object], markdown: str, out_dir: Path) -> None:
-    """Write import_time.json and import_time.md into ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "import_time.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out_dir / "import_time.md").write_text(markdown)
-    LOG.info("wrote %s", out_dir / "import_time.{json,md}")
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=DEFAULT_RUNS, help="timed runs per command")
-    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR, help="results folder")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
+    add_output_args(parser)
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
@@ -242,15 +216,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
+    configure_logging()
     args = parse_args(argv)
     report = build_report(args.runs)
     markdown = render_markdown(report)
-    write_outputs(report, markdown, args.out_dir)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(markdown, end="")
+    write_outputs("import_time", report, markdown, args.out_dir)
+    emit(report, markdown, args.json)
     return 0
 
 

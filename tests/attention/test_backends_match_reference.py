@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from attention_reference import reference_attention
-from triton_interpreter import ON_GPU, helpers_interpreted, import_interpreted, interpreting
+from triton_support import ON_GPU, helpers_interpreted, import_interpreted, interpreting
 
 from slotwise.attention import Attention, AttentionBackend
 from slotwise.forward_context import set_forward_context

@@ -10,26 +10,16 @@ interpreter runs on plain CPU tensors and needs numpy.
 
 from __future__ import annotations
 
-import importlib
-import sys
-
 import pytest
-import torch
+from triton_support import ON_GPU, import_interpreted
 
-ON_GPU = torch.cuda.is_available()
 KERNEL_MODULES = [
     f"slotwise_cuda.kernels.{name}" for name in ("attention", "activation", "layernorm", "rotary")
 ]
 
 if not ON_GPU:
     pytest.importorskip("numpy", reason="Triton's interpreter (no GPU here) needs numpy")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TRITON_INTERPRET", "1")
-        for module in KERNEL_MODULES:
-            if module in sys.modules:
-                importlib.reload(sys.modules[module])
-            else:
-                importlib.import_module(module)
+    import_interpreted(*KERNEL_MODULES)
 
 
 @pytest.fixture(autouse=True)

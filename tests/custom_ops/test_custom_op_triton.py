@@ -12,14 +12,11 @@ again, so each test here runs with it set.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import os
-import sys
-from collections.abc import Iterator
 
 import pytest
 import torch
+from triton_support import ON_GPU, helpers_interpreted, import_interpreted
 
 from slotwise.compilation import CompilationConfig, set_compilation_config
 from slotwise.custom_op import get_custom_op_registry
@@ -27,7 +24,6 @@ from slotwise.layers import RMSNorm, RotaryEmbedding, SiluAndMul
 from slotwise.platforms import use_platform
 from slotwise_cuda.platform import CudaPlatform
 
-ON_GPU = torch.cuda.is_available()
 KERNEL_MODULES = [f"slotwise_cuda.kernels.{name}" for name in ("activation", "layernorm", "rotary")]
 CORE_OPS = {"rms_norm", "silu_and_mul", "rotary_embedding"}
 #: (atol, rtol): the kernels compute in fp32 and round once; forward_native may round
@@ -36,36 +32,9 @@ TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (3e-2, 1.6e-2)}
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 
 
-@contextlib.contextmanager
-def interpreting() -> Iterator[None]:
-    """``TRITON_INTERPRET=1`` inside the block, the previous environment after it."""
-    previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = previous
-
-
-def helpers_interpreted() -> bool:
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return isinstance(tl.cdiv, InterpretedFunction)
-
-
 if not ON_GPU:
     pytest.importorskip("numpy", reason="Triton's interpreter (no GPU here) needs numpy")
-    with interpreting():
-        importlib.import_module("triton.language")  # a no-op if something imported it first
-        for _module in KERNEL_MODULES:
-            if _module in sys.modules:
-                importlib.reload(sys.modules[_module])
-            else:
-                importlib.import_module(_module)
+    import_interpreted("triton.language", *KERNEL_MODULES)
 
 # Imported after the kernels: it holds the kernel modules, reloaded in place above.
 custom_ops = importlib.import_module("slotwise_cuda.custom_ops")

@@ -124,6 +124,11 @@ class GraphCompiler:
             )
 
         _install_piece_backends(split, set(capturable), make_backend, example_inputs)
+        for piece in pieces:
+            if piece.is_splitting:
+                # Call the splitting piece's code directly, not through nn.Module.__call__:
+                # per-step overhead that otherwise grows with every attention layer.
+                split.__dict__[piece.name] = piece.graph.forward
         return split
 
 

@@ -120,4 +120,6 @@ class CompiledPiecewiseBackend(AbstractPiecewiseBackend):
         return compiled
 
     def __call__(self, *args: Any) -> Any:
+        if not self.compile_sizes:
+            return self.general(*args)  # the common case, kept cheap: it runs every step
         return self.compiled_for(self.runtime_size(args), args)(*args)

@@ -3,9 +3,10 @@
 Triton decides whether a ``@triton.jit`` function is interpreted when it is
 decorated, and its own helpers (``tl.max``, ``tl.cdiv``, ...) are decorated when
 ``triton.language`` is first imported, which ``torch._dynamo`` does.  So a test
-module imports this before anything from slotwise.attention: it imports
+module imports this before anything that pulls triton in: it imports
 ``triton.language`` under ``TRITON_INTERPRET=1`` and restores the environment.
 Launches check the variable again, so tests set it while they run kernels.
+Shared by tests/attention, tests/custom_ops and tests/cuda_kernels.
 """
 
 from __future__ import annotations
@@ -44,12 +45,16 @@ def helpers_interpreted() -> bool:
     return isinstance(tl.cdiv, InterpretedFunction)
 
 
-def import_interpreted(name: str) -> ModuleType:
-    """Import (or re-import) the kernel module ``name`` so its kernels are interpreted."""
+def import_interpreted(*names: str) -> list[ModuleType]:
+    """Import (or re-import) the kernel modules ``names`` so their kernels are interpreted."""
+    modules = []
     with interpreting():
-        if name in sys.modules:
-            return importlib.reload(sys.modules[name])
-        return importlib.import_module(name)
+        for name in names:
+            if name in sys.modules:
+                modules.append(importlib.reload(sys.modules[name]))
+            else:
+                modules.append(importlib.import_module(name))
+    return modules
 
 
 if not ON_GPU and "triton" not in sys.modules:
