@@ -84,9 +84,9 @@ def render(result: dict[str, Any]) -> str:
         for m in result["measurements"]
     ]
     title = (
-        f"slotwise bench: preset {result['preset']} on {result['platform']} "
-        f"(tensor parallel {result['tensor_parallel_size']}) "
-        f"(torch {result['torch']}), {result['iterations']} steps per variant"
+        f"slotwise bench: preset {result['preset']} on {result['platform']}, "
+        f"tensor parallel {result['tensor_parallel_size']}, torch {result['torch']}, "
+        f"{result['iterations']} steps per variant"
     )
     return title + "\n" + format_table(header, rows)
 

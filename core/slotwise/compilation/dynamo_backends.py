@@ -9,6 +9,7 @@ import torch
 import torch.fx
 from torch._dynamo.backends.registry import lookup_backend
 from torch.fx.experimental.proxy_tensor import enable_python_dispatcher
+from tqdm import tqdm
 
 from slotwise.compilation.compile_cache import CompileCache
 from slotwise.compilation.compile_counters import counters
@@ -112,9 +113,11 @@ class GraphCompiler:
         counters.bump("num_piecewise_graphs_seen", len(pieces))
         counters.bump("num_piecewise_capturable_graphs_seen", len(capturable))
         backend_cls = self.platform.get_piecewise_backend_cls()
+        # A bar on terminals only (tqdm's disable=None): Inductor takes seconds per piece.
+        progress = tqdm(total=len(capturable), desc="compiling pieces", unit="piece", disable=None)
 
         def make_backend(name: str, piece_inputs: Sequence[Any]) -> Any:
-            return backend_cls(
+            backend = backend_cls(
                 getattr(split, name),
                 self.config,
                 piece_index=capturable.index(name),
@@ -122,8 +125,11 @@ class GraphCompiler:
                 example_inputs=piece_inputs,
                 compile_cache=cache,
             )
+            progress.update()
+            return backend
 
-        _install_piece_backends(split, set(capturable), make_backend, example_inputs)
+        with progress:
+            _install_piece_backends(split, set(capturable), make_backend, example_inputs)
         for piece in pieces:
             if piece.is_splitting:
                 # Call the splitting piece's code directly, not through nn.Module.__call__:

@@ -115,10 +115,14 @@ def check_input_addresses(
         if expected != actual:
             raise StaticGraphError(
                 f"{what}, capture size {size}: argument {index} was captured at address "
-                f"{expected:#x} but is now at {actual:#x}; a replay reads the captured "
-                "address, so copy new inputs into the captured buffers (slotwise.runner "
-                "does this) instead of passing new tensors"
+                f"{_address(expected)} but is now at {_address(actual)}; a replay reads the "
+                "captured address, so copy new inputs into the captured buffers "
+                "(slotwise.runner does this) instead of passing new tensors"
             )
+
+
+def _address(value: int | None) -> str:
+    return "(not a tensor)" if value is None else f"{value:#x}"
 
 
 def weak_ref_tensors(outputs: Any) -> Any:
