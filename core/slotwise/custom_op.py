@@ -117,16 +117,12 @@ def get_custom_op_registry() -> CustomOpRegistry:
             import slotwise.layers  # noqa: F401 - defines the core ops replacements may name
             from slotwise.plugins import get_plugin_manager
 
-            staged: dict[str, CustomOpRegistry] = {}
-
-            def fresh(record: Any) -> dict[str, Any]:
-                staged[record.name] = CustomOpRegistry()
-                return {"registry": staged[record.name]}
-
             registry = CustomOpRegistry()
             manager = get_plugin_manager()
-            for record, _ in manager.call_each("slotwise_register_custom_ops", kwargs_for=fresh):
-                registry.merge(staged[record.name], record.label)
+            for record, staged in manager.register_each(
+                "slotwise_register_custom_ops", CustomOpRegistry
+            ):
+                registry.merge(staged, record.label)
             _registry = registry
         return _registry
 

@@ -113,17 +113,11 @@ def get_attention_backend_registry() -> AttentionBackendRegistry:
 
             # Each plugin registers into a registry of its own, kept only if its hook
             # succeeds: a plugin failing half-way leaves no backend behind.
-            staged: dict[str, AttentionBackendRegistry] = {}
-
-            def fresh(record: Any) -> dict[str, Any]:
-                staged[record.name] = AttentionBackendRegistry()
-                return {"registry": staged[record.name]}
-
             registry = AttentionBackendRegistry()
             manager = get_plugin_manager()
-            for record, _ in manager.call_each(
-                "slotwise_register_attention_backends", kwargs_for=fresh
+            for _, staged in manager.register_each(
+                "slotwise_register_attention_backends", AttentionBackendRegistry
             ):
-                registry.merge(staged[record.name])
+                registry.merge(staged)
             _registry = registry
         return _registry

@@ -236,7 +236,7 @@ class PlatformResolver:
                         plugin=record.name,
                         distribution=record.distribution,
                         version=record.version,
-                        status=record.status if record.status != "loaded" else "loaded",
+                        status=record.status,
                         reason=record.reason or "offers no platform",
                     )
                 )

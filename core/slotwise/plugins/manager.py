@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 import pluggy
 
@@ -25,6 +25,8 @@ from slotwise.plugins import hookspecs
 from slotwise.plugins.markers import ENTRY_POINT_GROUP, PROJECT_NAME
 
 logger = logging.getLogger("slotwise")
+
+Registry = TypeVar("Registry")
 
 
 class PluginError(SlotwiseError, RuntimeError):
@@ -153,24 +155,37 @@ class PluginManager:
                     api_versioning.removal_version(deprecated_in),
                 )
 
-    def call_each(
-        self,
-        hook_name: str,
-        kwargs_for: Callable[[PluginRecord], dict[str, Any]] | None = None,
-        **kwargs: Any,
-    ) -> list[tuple[PluginRecord, Any]]:
-        """Call ``hook_name`` on every loaded plugin; a plugin whose hook raises is failed.
+    def call_each(self, hook_name: str, **kwargs: Any) -> list[tuple[PluginRecord, Any]]:
+        """Call ``hook_name`` on every loaded plugin; a plugin whose hook raises is failed."""
+        return self._call_each(hook_name, lambda record: kwargs)
 
-        ``kwargs_for(record)`` gives each plugin its own arguments, e.g. a fresh registry
-        whose entries are kept only if that plugin's hook returns without error.
+    def register_each(
+        self, hook_name: str, new_registry: Callable[[], Registry]
+    ) -> list[tuple[PluginRecord, Registry]]:
+        """Call a registration hook with a fresh registry per plugin.
+
+        Returns the registries of the plugins whose hook returned without error, for
+        the caller to merge: a plugin that fails half-way leaves nothing behind.
         """
+        registries: dict[str, Registry] = {}
+
+        def fresh(record: PluginRecord) -> dict[str, Any]:
+            registries[record.name] = new_registry()
+            return {"registry": registries[record.name]}
+
+        succeeded = self._call_each(hook_name, fresh)
+        return [(record, registries[record.name]) for record, _ in succeeded]
+
+    def _call_each(
+        self, hook_name: str, kwargs_for: Callable[[PluginRecord], dict[str, Any]]
+    ) -> list[tuple[PluginRecord, Any]]:
         results = []
         caller = getattr(self._pm.hook, hook_name)
         for impl in reversed(caller.get_hookimpls()):  # registration order
             record = self.records[impl.plugin_name]
             if record.status != "loaded":
                 continue
-            arguments = kwargs if kwargs_for is None else kwargs_for(record)
+            arguments = kwargs_for(record)
             try:
                 result = impl.function(**{arg: arguments[arg] for arg in impl.argnames})
             except Exception as exc:  # noqa: BLE001
