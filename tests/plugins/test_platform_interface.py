@@ -31,7 +31,6 @@ def test_subclass_setting_only_name_and_device_type_instantiates():
         ("set_device", (0,)),
         ("synchronize", ()),
         ("get_attention_backend_cls", ()),
-        ("get_communicator_cls", ()),
     ],
 )
 def test_unimplemented_method_names_itself_and_the_platform(method, args):
@@ -46,6 +45,12 @@ def test_methods_tolerate_unknown_keyword_arguments():
 
     assert Counting().device_count(future_requirement=True) == 3
     assert MinimalPlatform().get_static_graph_wrapper_cls(new_option=1) is None
+
+
+def test_default_communicator_runs_on_torch_distributed():
+    from slotwise.distributed import Communicator
+
+    assert MinimalPlatform().get_communicator_cls() is Communicator
 
 
 def test_graph_platform_must_provide_its_pool():

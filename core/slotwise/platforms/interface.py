@@ -155,8 +155,14 @@ class Platform:
         return select_attention_backend(self.name, selected, **requirements)
 
     def get_communicator_cls(self, **kwargs: Any) -> type:
-        """The ``slotwise.distributed.Communicator`` subclass for this platform."""
-        self._not_implemented("get_communicator_cls")
+        """The ``slotwise.distributed.Communicator`` class for this platform.
+
+        Default: the base ``Communicator``, which runs every collective through
+        torch.distributed with ``dist_backend``; override for a vendor communicator.
+        """
+        from slotwise.distributed.communicator import Communicator
+
+        return Communicator
 
     def get_piecewise_backend_cls(self, **kwargs: Any) -> type:
         """The ``AbstractPiecewiseBackend`` subclass that runs each piece at level 3.

@@ -56,12 +56,6 @@ class CudaPlatform(Platform):
 
         torch.cuda.synchronize()
 
-    def get_communicator_cls(self, **kwargs: Any) -> type:
-        """The torch.distributed-based base class: NCCL needs nothing on top of it."""
-        from slotwise.distributed import Communicator
-
-        return Communicator
-
     def graph_pool(self, **kwargs: Any) -> Any:
         """One memory pool for every CUDA graph of the process, so pieces share memory."""
         from slotwise_cuda.graph_api import cuda_graph_api
