@@ -36,8 +36,9 @@ def test_env_json_reports_versions_platform_and_every_plugin():
 
 
 def test_env_table_says_why_the_platform_won():
-    result = slotwise("env", SLOTWISE_ASCEND_STUB_DEVICES="2")
+    result = slotwise("env", SLOTWISE_ASCEND_STUB_DEVICES="2", SLOTWISE_LOGGING_LEVEL="info")
     assert result.returncode == 0, result.stderr
+    assert "set      SLOTWISE_LOGGING_LEVEL=info" in result.stdout
     assert "platform ascend_stub: highest priority (200)" in result.stdout
     assert "devices  2 x Ascend stub NPU 0" in result.stdout
     assert "also available: cpu" not in result.stdout  # cpu is never probed for nothing

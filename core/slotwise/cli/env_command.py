@@ -9,6 +9,7 @@ import platform as _pyplatform
 from typing import Any
 
 import slotwise
+from slotwise import envs
 from slotwise.cli.table import format_table
 from slotwise.platforms import PlatformError, get_current_platform, plugin_report
 from slotwise.platforms.unspecified import UnspecifiedPlatform
@@ -30,6 +31,9 @@ def collect() -> dict[str, Any]:
         "selection": "",
         "error": None,
         "devices": None,
+        "environment": {
+            name: value for name in envs.ENVIRONMENT_VARIABLES if (value := envs.get(name))
+        },
     }
     try:
         platform = get_current_platform()
@@ -105,6 +109,8 @@ def render(info: dict[str, Any]) -> str:
             lines.append(f"memory   {_bytes(devices['memory_in_use'])} in use by this process")
     else:
         lines.append(f"platform none: {info['error']}")
+    for name, value in info["environment"].items():
+        lines.append(f"set      {name}={value}")
     lines += ["", "plugins:"]
     header = ["name", "kind", "distribution", "version", "priority", "status", "reason"]
     table = [
