@@ -111,14 +111,11 @@ class ModelRunner:
             assert self.buffers is not None
             views = self.buffers.fill(padded, input_ids=input_ids, positions=positions)
             input_ids, positions = views["input_ids"], views["positions"]
-        mode = GraphMode.NONE
-        if graphs and self.config is not None and self.config.graph_mode is not None:
-            mode = _runtime_mode(self.config.graph_mode, uniform_decode)
+        # The graph backends derive the step's graph mode from the descriptor (see
+        # slotwise.compilation.static_graph.runtime_graph_mode): graphs exactly when the
+        # padded size is a capture size, FULL for uniform decodes under FULL_AND_PIECEWISE.
         descriptor = BatchDescriptor(num_tokens=padded, uniform_decode=uniform_decode)
-        with (
-            torch.inference_mode(),
-            set_forward_context(metadata, graph_mode=mode, batch_descriptor=descriptor),
-        ):
+        with torch.inference_mode(), set_forward_context(metadata, batch_descriptor=descriptor):
             hidden = self.model(input_ids, positions)
         return hidden[:num_tokens]
 
@@ -204,9 +201,3 @@ def compiled_config(model: torch.nn.Module) -> CompilationConfig | None:
         if compiled is not None:
             return compiled.config
     return None
-
-
-def _runtime_mode(configured: GraphMode, uniform_decode: bool) -> GraphMode:
-    if configured == GraphMode.FULL_AND_PIECEWISE:
-        return GraphMode.FULL if uniform_decode else GraphMode.PIECEWISE
-    return configured
