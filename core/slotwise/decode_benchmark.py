@@ -24,10 +24,24 @@ from slotwise.runner.model_runner import ModelRunner, Request
 
 logger = logging.getLogger("slotwise")
 
-#: Variant names, in the order they are reported.
-VARIANTS = ("eager", "level3", "level3+graphs", "torch.compile", "torch.compile:reduce-overhead")
+#: Variant names, in the order they are reported.  "level3+graphs" captures the
+#: pieces (PIECEWISE); "level3+full_graphs" also the whole model for decode steps
+#: (FULL_AND_PIECEWISE), which needs an attention backend that can be captured.
+VARIANTS = (
+    "eager",
+    "level3",
+    "level3+graphs",
+    "level3+full_graphs",
+    "torch.compile",
+    "torch.compile:reduce-overhead",
+)
 #: What runs when no variant is named: "reduce-overhead" only differs on a GPU.
-DEFAULT_VARIANTS = VARIANTS[:4]
+DEFAULT_VARIANTS = ("eager", "level3", "level3+graphs", "torch.compile")
+#: The variants that capture static graphs, with their graph mode.
+GRAPH_VARIANTS = {
+    "level3+graphs": GraphMode.PIECEWISE,
+    "level3+full_graphs": GraphMode.FULL_AND_PIECEWISE,
+}
 
 
 @dataclass
@@ -73,23 +87,25 @@ def variants_for_platform(requested: Sequence[str] | None) -> list[str]:
     unknown = [name for name in names if name not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
-    if "level3+graphs" in names and not platform.supports_static_graph:
-        if requested:
-            raise ValueError(
-                f"variant 'level3+graphs' needs static graphs, which platform "
-                f"{platform.name} does not have; drop it from --variants"
-            )
-        names.remove("level3+graphs")
+    if not platform.supports_static_graph:
+        for name in [name for name in names if name in GRAPH_VARIANTS]:
+            if requested:
+                raise ValueError(
+                    f"variant {name!r} needs static graphs, which platform "
+                    f"{platform.name} does not have; drop it from --variants"
+                )
+            names.remove(name)
     return names
 
 
 def _variant_config(name: str, base: CompilationConfig, batch_sizes: Sequence[int]) -> Any:
     if name == "eager" or name.startswith("torch.compile"):
         return CompilationConfig(level=0)
-    graphs = name == "level3+graphs"
+    graph_mode = GRAPH_VARIANTS.get(name, GraphMode.NONE)
+    graphs = graph_mode != GraphMode.NONE
     return base.replace(
         level=3,
-        graph_mode=GraphMode.PIECEWISE if graphs else GraphMode.NONE,
+        graph_mode=graph_mode,
         **({"capture_sizes": sorted(set(batch_sizes))} if graphs else {}),
     )
 

@@ -3,6 +3,8 @@
 Each case fills a cache whose block tables are shuffled, writes the cached context
 by hand, runs one step (with two padding rows past the real tokens) and checks the
 output against ``reference_attention`` and the cache against the tokens written.
+Backends that may be captured in full graphs are also run on the metadata layouts of
+``StaticAttentionMetadata``, where the padding rows are requests on a scratch block.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from attention_reference import reference_attention
 from triton_support import ON_GPU, helpers_interpreted, import_interpreted, interpreting
 
-from slotwise.attention import Attention, AttentionBackend
+from slotwise.attention import Attention, AttentionBackend, GraphSupport, StaticAttentionMetadata
 from slotwise.forward_context import set_forward_context
 from slotwise_ascend_stub.attention import AscendStubReferenceBackend
 from slotwise_cpu.attention import CpuSdpaBackend
@@ -91,12 +93,17 @@ def run_case(
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
     atol: float = 2e-4,
+    static_layout: str | None = None,
 ) -> None:
+    """``static_layout``: "uniform_decode" or "general" runs the step on that layout of
+    static metadata padded by PADDING tokens, as a full graph would."""
     requests = SCENARIOS[scenario]
     num_heads = NUM_KV_HEADS * ratio
     scale = head_size**-0.5
     seed = hash((scenario, head_size, ratio, block_size)) % 2**31
     step, num_blocks = make_step(requests, num_heads, head_size, block_size, seed)
+    scratch_block = num_blocks  # one more block, for the static layout's padding requests
+    num_blocks += 1
     shape = backend.get_kv_cache_shape(num_blocks, block_size, NUM_KV_HEADS, head_size)
     assert shape == (2, num_blocks, block_size, NUM_KV_HEADS, head_size)
     kv_cache = torch.zeros(shape, dtype=dtype, device=device)
@@ -120,6 +127,12 @@ def run_case(
     metadata = backend.get_builder_cls()(block_size, device).build(
         [q for q, _ in requests], [c for _, c in requests], step.block_ids
     )
+    num_tokens = metadata.num_actual_tokens
+    if static_layout is not None:
+        static = StaticAttentionMetadata(
+            num_tokens + PADDING, num_blocks, block_size, scratch_block, device
+        )
+        metadata = getattr(static, static_layout)(num_tokens + PADDING, metadata)
 
     def batch(parts: list[torch.Tensor], heads: int) -> torch.Tensor:
         rows = torch.cat([*parts, torch.randn(PADDING, heads, head_size)])
@@ -134,7 +147,6 @@ def run_case(
             batch(new_values, NUM_KV_HEADS),
         )
 
-    num_tokens = metadata.num_actual_tokens
     assert out.shape == (num_tokens + PADDING, num_heads * head_size)
     expected = torch.cat(
         [
@@ -144,9 +156,13 @@ def run_case(
     )
     got = out[:num_tokens].view(num_tokens, num_heads, head_size).double().cpu()
     torch.testing.assert_close(got, expected, atol=atol, rtol=atol)
-    assert not out[num_tokens:].any(), "padding rows must be zero"
+    if static_layout is None:
+        assert not out[num_tokens:].any(), "padding rows must be zero"
+    else:
+        assert out[num_tokens:].isfinite().all(), "padding requests must compute finite rows"
 
     used = torch.zeros(num_blocks, dtype=torch.bool)
+    used[scratch_block] = static_layout is not None
     for r, (query_len, context_len) in enumerate(requests):
         used[step.block_ids[r]] = True
         for pos in range(query_len + context_len):
@@ -199,6 +215,48 @@ def test_triton_backend_matches_the_reference(
     triton_device, scenario, head_size, ratio, block_size
 ):
     run_case(TritonPagedBackend, scenario, head_size, ratio, block_size, device=triton_device)
+
+
+def full_graph_cases(backends: list[type[AttentionBackend]]) -> list[tuple]:
+    """(backend, scenario, layout) for every layout a backend's graph_support captures."""
+    cases = []
+    for backend in backends:
+        if backend.graph_support.captures(uniform_decode_only=False):
+            cases += [(backend, scenario, "general") for scenario in SCENARIOS]
+        if backend.graph_support.captures(uniform_decode_only=True):
+            cases.append((backend, "decode", "uniform_decode"))
+    return cases
+
+
+@pytest.mark.parametrize(
+    "backend, scenario, layout", full_graph_cases([CpuSdpaBackend, AscendStubReferenceBackend])
+)
+def test_cpu_backends_on_full_graph_layouts(backend, scenario, layout):
+    run_case(backend, scenario, 64, 2, 8, static_layout=layout)
+
+
+@pytest.mark.parametrize(
+    "scenario, layout", [c[1:] for c in full_graph_cases([TritonPagedBackend])]
+)
+@pytest.mark.parametrize("head_size, ratio, block_size", [(64, 2, 16), (80, 4, 8)])
+def test_triton_backend_on_full_graph_layouts(
+    triton_device, scenario, layout, head_size, ratio, block_size
+):
+    run_case(
+        TritonPagedBackend,
+        scenario,
+        head_size,
+        ratio,
+        block_size,
+        device=triton_device,
+        static_layout=layout,
+    )
+
+
+def test_bundled_graph_backends_may_be_captured_in_full_graphs():
+    # The layouts above are only run for what a backend declares.
+    assert TritonPagedBackend.graph_support is GraphSupport.ALWAYS
+    assert AscendStubReferenceBackend.graph_support is GraphSupport.UNIFORM_DECODE
 
 
 @pytest.mark.cuda

@@ -141,6 +141,7 @@ def test_markdown_is_a_well_formed_table():
     "graph_support, modes",
     [
         ("ALWAYS", ["NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE"]),
+        ("UNIFORM_DECODE", ["NONE", "PIECEWISE", "FULL_AND_PIECEWISE"]),
         ("PIECEWISE_ONLY", ["NONE", "PIECEWISE"]),
     ],
 )

@@ -2,8 +2,9 @@
 
 Each is a throwaway distribution whose platform subclasses the CPU platform (so
 everything else about it is sound): an attention backend that is off by one, a
-static-graph backend that ignores the captured addresses, and a probe that imports
-torch.
+static-graph backend that ignores the captured addresses, a probe that imports
+torch, and an attention backend that claims full graphs may capture it but reads the
+real token count off the metadata tensors.
 """
 
 from __future__ import annotations
@@ -133,6 +134,22 @@ TORCH_PROBE_PLUGIN = """
 """
 
 
+#: The stub NPU's reference backend claiming ALWAYS, though its general path was only
+#: written for batches whose requests all have tokens: a full graph's request slots
+#: left over after the real and padding requests have none.
+OVERCLAIMING_ATTENTION = """
+    from slotwise.attention import GraphSupport
+    from slotwise_ascend_stub.attention import AscendStubReferenceBackend
+
+    class OverclaimingBackend(AscendStubReferenceBackend):
+        graph_support = GraphSupport.ALWAYS
+
+        @classmethod
+        def get_name(cls):
+            return "OVERCLAIMING"
+"""
+
+
 def failing_checks(summary) -> set[str]:
     return {check for check, outcome in outcomes(summary).items() if outcome == "failed"}
 
@@ -171,3 +188,17 @@ def test_a_probe_that_imports_torch_fails_the_probe_check(dists):
     problems = messages(summary, "probe")
     assert "probes must read device files or NVML, not torch" in problems
     assert "must finish within 100 ms" in problems
+
+
+def test_a_backend_claiming_full_graphs_it_cannot_serve_fails_the_attention_check(dists):
+    (dists.root / "off_by_one_attention.py").write_text(textwrap.dedent(OVERCLAIMING_ATTENTION))
+    plugin = WRONG_ATTENTION_PLUGIN.replace("OffByOneBackend", "OverclaimingBackend")
+    dists.add("slotwise-wrong-attention", plugin)
+    summary, result = run_cli("wrong_attention", site=dists.root)
+    assert result.returncode == 1, result.stderr[-5000:]
+    assert failing_checks(summary) == {"attention"}, summary
+    problems = messages(summary, "attention")
+    assert "attention backend OVERCLAIMING raised ValueError on the prefill batch, on the " in (
+        problems
+    )
+    assert "static general layout of a full graph: torch.cat(): expected a non-empty" in problems

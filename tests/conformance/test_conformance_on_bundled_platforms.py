@@ -59,7 +59,11 @@ def test_pytest_option_passes_on_cpu_in_a_folder_without_tests(tmp_path: Path):
     assert result.returncode == 0, result.stdout[-5000:]
     tests = json.loads(report.read_text())["tests"]
     assert {t["check"] for t in tests} == set(CPU_OUTCOMES)
-    assert {t["outcome"] for t in tests if t["check"] != "static_graphs"} == {"passed"}
+    # CPU_SDPA declares no full-graph support: its full-graph layouts are not checked.
+    layouts = "test_attention_on_the_full_graph_layouts_it_declares["
+    for test in tests:
+        skips = test["check"] == "static_graphs" or test["name"].startswith(layouts)
+        assert test["outcome"] == ("skipped" if skips else "passed"), test
 
 
 def test_cli_passes_on_ascend_stub():

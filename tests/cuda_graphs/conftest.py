@@ -8,10 +8,12 @@ new tensor elsewhere is not.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
 import pytest
+import triton_support  # noqa: F401  (first: Triton picks its interpreter at import)
 
 from slotwise.platforms import Platform, use_platform
 from slotwise_ascend_stub.graphs import StubNpuGraphAPI
@@ -27,9 +29,10 @@ class CpuGraphPlatform(Platform):
     supports_static_graph = True
     default_compile_backend = "eager"
 
-    def __init__(self, api: StubNpuGraphAPI) -> None:
+    def __init__(self, api: StubNpuGraphAPI, attention_backend: type | None = None) -> None:
         super().__init__()
         self.api = api
+        self.attention_backend = attention_backend
 
     def get_piecewise_backend_cls(self, **kwargs: Any) -> Any:
         return functools.partial(CudaPiecewiseBackend, graph_api=self.api)
@@ -46,7 +49,7 @@ class CpuGraphPlatform(Platform):
     def get_attention_backend_cls(self, selected: str | None = None, **requirements: Any) -> type:
         from slotwise_cpu.attention import CpuSdpaBackend
 
-        return CpuSdpaBackend
+        return self.attention_backend or CpuSdpaBackend
 
 
 @pytest.fixture
@@ -54,3 +57,17 @@ def graph_api() -> Any:
     api = StubNpuGraphAPI()
     with use_platform(CpuGraphPlatform(api)):
         yield api
+
+
+@pytest.fixture
+def graph_platform_with() -> Any:
+    """``use(attention_backend)`` makes a CPU graph platform with that backend current
+    for the test and returns its graph API."""
+    with contextlib.ExitStack() as stack:
+
+        def use(attention_backend: type) -> StubNpuGraphAPI:
+            api = StubNpuGraphAPI()
+            stack.enter_context(use_platform(CpuGraphPlatform(api, attention_backend)))
+            return api
+
+        yield use

@@ -11,7 +11,7 @@ from slotwise.compilation.static_graph import (
     capture_window,
     reset_capture_window,
 )
-from slotwise.forward_context import BatchDescriptor, set_forward_context
+from slotwise.forward_context import BatchDescriptor, get_forward_context, set_forward_context
 from slotwise.testing.toy_models import TOY_SPLITTING_OPS, SillyModel
 
 
@@ -151,3 +151,19 @@ def test_graph_warmups_delay_the_capture(graph_api):
             model(buffer)
     with counters.expect(num_graphs_captured=3):
         model(buffer)
+
+
+def test_a_stub_replay_sees_what_the_capture_read_on_the_host(graph_api):
+    # A device graph replays the metadata its capture saw; the stub must not be kinder.
+    graph = graph_api.new_graph()
+    seen = []
+
+    def work() -> torch.Tensor:
+        seen.append(get_forward_context().attn_metadata)
+        return torch.zeros(1)
+
+    with set_forward_context("at capture"):
+        graph.capture(work, graph_api.pool(), quiet=False)
+    with set_forward_context("at replay"):
+        graph.replay()
+    assert seen == ["at capture", "at capture"]

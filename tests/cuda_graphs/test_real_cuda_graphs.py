@@ -72,3 +72,25 @@ def test_full_graph_on_cuda(cuda_platform):
     with counters.expect(num_graphs_captured=1):
         for _ in range(3):
             torch.testing.assert_close(model(buffer), reference(buffer))
+
+
+@pytest.mark.parametrize("graph_mode", ["PIECEWISE", "FULL_AND_PIECEWISE", "FULL"])
+def test_runner_generates_the_eager_tokens_with_cuda_graphs(cuda_platform, graph_mode):
+    from slotwise.compilation.static_graph import reset_capture_window
+    from slotwise.models.llama import build_llama
+    from slotwise.runner.model_runner import ModelRunner
+
+    prompts = [[1, 5, 9], [7, 7], [42, 11]]  # the prefill pads to 8, decodes to 4
+    config = CompilationConfig(
+        level=3, backend="eager", capture_sizes=[1, 2, 4, 8], graph_mode=graph_mode
+    )
+    try:
+        model = build_llama("small", seed=0, device="cuda", compilation_config=config)
+        runner = ModelRunner(model, num_blocks=64)
+        runner.capture(progress=False)
+        eager = build_llama("small", seed=0, device="cuda", compilation_config={"level": 0})
+        with counters.expect(num_graphs_captured=0):
+            tokens = runner.generate(prompts, 8)
+        assert tokens == ModelRunner(eager, num_blocks=64).generate(prompts, 8)
+    finally:
+        reset_capture_window()

@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 "$venv/bin/slotwise" env
 
 status=0
-timeout 150 "$venv/bin/python" -m pytest -m cuda -q -p no:cacheprovider tests \
+timeout 130 "$venv/bin/python" -m pytest -m cuda -q -p no:cacheprovider tests \
     --junitxml="$out/gpu_tests.xml" || status=$?
-timeout 120 "$venv/bin/python" benchmarks/gpu_decode.py --out-dir "$out" || status=$?
+timeout 130 "$venv/bin/python" benchmarks/gpu_decode.py --out-dir "$out" || status=$?
 exit "$status"

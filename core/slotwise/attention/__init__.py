@@ -20,6 +20,7 @@ from slotwise.attention.metadata import AttentionMetadata, AttentionMetadataBuil
 from slotwise.attention.ops import UNIFIED_ATTENTION_OP, unified_attention_with_output
 from slotwise.attention.registry import AttentionBackendRegistry, get_attention_backend_registry
 from slotwise.attention.selector import AttentionBackendError, select_attention_backend
+from slotwise.attention.static_metadata import StaticAttentionMetadata
 
 __all__ = [
     "UNIFIED_ATTENTION_OP",
@@ -33,6 +34,7 @@ __all__ = [
     "BlockAllocator",
     "GraphSupport",
     "OutOfBlocksError",
+    "StaticAttentionMetadata",
     "allocate_kv_caches",
     "compute_slot_mapping",
     "get_attention_backend_registry",

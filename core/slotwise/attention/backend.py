@@ -26,8 +26,19 @@ class GraphSupport(enum.Enum):
     NEVER = "never"
     #: Runs eagerly between captured pieces (the attention op is a splitting op).
     PIECEWISE_ONLY = "piecewise_only"
-    #: May also be captured inside a FULL graph.
+    #: May also be captured inside a FULL graph of a uniform-decode batch (one new
+    #: token per request), laid out by ``StaticAttentionMetadata.uniform_decode``:
+    #: enough for FULL_AND_PIECEWISE, where mixed batches run between pieces.
+    UNIFORM_DECODE = "uniform_decode"
+    #: May be captured inside a FULL graph of any batch, laid out by
+    #: ``StaticAttentionMetadata.general`` (requests of query length 0 included).
     ALWAYS = "always"
+
+    def captures(self, uniform_decode_only: bool) -> bool:
+        """Whether FULL graphs of these batches may contain this backend's attention."""
+        if uniform_decode_only:
+            return self in (GraphSupport.UNIFORM_DECODE, GraphSupport.ALWAYS)
+        return self == GraphSupport.ALWAYS
 
 
 class AttentionBackend:

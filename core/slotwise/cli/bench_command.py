@@ -25,8 +25,10 @@ def add_parser(commands: Any, name: str) -> None:
     parser.add_argument(
         "--variants",
         default=None,
-        help="comma-separated subset of: eager, level3, level3+graphs, torch.compile "
-        "(default: all the platform supports)",
+        help="comma-separated subset of: eager, level3, level3+graphs (piecewise), "
+        "level3+full_graphs (full graphs for decodes), torch.compile, "
+        "torch.compile:reduce-overhead (default: eager, level3, level3+graphs where the "
+        "platform has static graphs, torch.compile)",
     )
     parser.add_argument("--prompt-len", type=int, default=32, help="tokens cached per request")
     parser.add_argument("--iterations", type=int, default=30, help="timed steps per variant")

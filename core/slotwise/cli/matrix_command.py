@@ -124,16 +124,22 @@ def _listing(values: tuple[int, ...] | None) -> list[int] | None:
 def _graph_modes(platform: Platform, backends: list[dict[str, Any]]) -> list[str]:
     """The ``GraphMode``s a model compiled for this platform can run in.
 
-    FULL graphs capture attention too, so they also need a backend that allows it.
+    FULL graphs capture attention too, so they also need a backend that allows it:
+    for every batch (FULL), or for uniform decodes (FULL_AND_PIECEWISE).
     """
     from slotwise.attention.backend import GraphSupport
 
     modes = ["NONE"]
-    if platform.supports_static_graph:
-        modes.append("PIECEWISE")
-        full_attention = any(b["graph_support"] == GraphSupport.ALWAYS.value for b in backends)
-        if full_attention and platform.get_static_graph_wrapper_cls() is not None:
-            modes += ["FULL", "FULL_AND_PIECEWISE"]
+    if not platform.supports_static_graph:
+        return modes
+    modes.append("PIECEWISE")
+    if platform.get_static_graph_wrapper_cls() is None:
+        return modes
+    supports = [GraphSupport(b["graph_support"]) for b in backends if "graph_support" in b]
+    if any(support.captures(uniform_decode_only=False) for support in supports):
+        modes.append("FULL")
+    if any(support.captures(uniform_decode_only=True) for support in supports):
+        modes.append("FULL_AND_PIECEWISE")
     return modes
 
 

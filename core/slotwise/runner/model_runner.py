@@ -2,8 +2,9 @@
 
 It owns what a model should not: the KV cache and its block allocator, the
 attention metadata of each step, padding batches to a captured size (through
-static input buffers, so graphs always read the same addresses), capturing the
-graphs at start-up, and greedy generation on top of prefill and decode steps.
+static input buffers, so graphs always read the same addresses; FULL graphs also
+read their attention metadata from static buffers), capturing the graphs at
+start-up, and greedy generation on top of prefill and decode steps.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from slotwise.attention import (
     Attention,
     AttentionMetadata,
     BlockAllocator,
-    GraphSupport,
+    StaticAttentionMetadata,
     allocate_kv_caches,
 )
 from slotwise.compilation.config import CompilationConfig, ConfigError, GraphMode
+from slotwise.compilation.static_graph import runtime_graph_mode
 from slotwise.forward_context import BatchDescriptor, set_forward_context
 from slotwise.platforms import get_current_platform
 from slotwise.runner.capture import CaptureReport, capture_graphs
@@ -72,20 +74,40 @@ class ModelRunner:
             if self.capture_sizes
             else None
         )
+        self.static_metadata = self._static_metadata(num_blocks)
 
     def _graph_sizes(self, layers: list[Attention]) -> list[int]:
         """The sizes steps are padded to; empty when this model runs without graphs."""
         if self.config is None or self.config.graph_mode in (None, GraphMode.NONE):
             return []
-        if self.config.graph_mode.has_full_graphs:
+        mode = self.config.graph_mode
+        if mode.has_full_graphs:
+            uniform_only = mode == GraphMode.FULL_AND_PIECEWISE
             for layer in layers:
-                if layer.attn_backend.graph_support != GraphSupport.ALWAYS:
+                support = layer.attn_backend.graph_support
+                if not support.captures(uniform_only):
+                    batches = "uniform-decode batches" if uniform_only else "every batch"
+                    fallback = "FULL_AND_PIECEWISE" if support.captures(True) else "PIECEWISE"
                     raise ConfigError(
-                        f"compilation config key 'graph_mode': {self.config.graph_mode.name} "
-                        f"captures attention, but backend {layer.attn_backend.get_name()} "
-                        "runs only between graphs; use graph_mode=PIECEWISE"
+                        f"compilation config key 'graph_mode': {mode.name} captures the "
+                        f"attention of {batches} in full graphs, but backend "
+                        f"{layer.attn_backend.get_name()} has graph_support {support.name}; "
+                        f"use graph_mode={fallback}"
                     )
         return sorted(self.config.capture_sizes or [])
+
+    def _static_metadata(self, num_blocks: int) -> StaticAttentionMetadata | None:
+        """Metadata buffers for FULL steps, whose padding requests decode into a cache
+        block reserved here for the runner's lifetime; None without full graphs."""
+        if not self.capture_sizes:
+            return None
+        assert self.config is not None and self.config.graph_mode is not None
+        if not self.config.graph_mode.has_full_graphs:
+            return None
+        (scratch_block,) = self.allocator.allocate(1)
+        return StaticAttentionMetadata(
+            self.capture_sizes[-1], num_blocks, self.block_size, scratch_block, self.device
+        )
 
     # -- steps ---------------------------------------------------------------------
 
@@ -115,20 +137,40 @@ class ModelRunner:
         # slotwise.compilation.static_graph.runtime_graph_mode): graphs exactly when the
         # padded size is a capture size, FULL for uniform decodes under FULL_AND_PIECEWISE.
         descriptor = BatchDescriptor(num_tokens=padded, uniform_decode=uniform_decode)
-        with torch.inference_mode(), set_forward_context(metadata, batch_descriptor=descriptor):
+        with (
+            torch.inference_mode(),
+            set_forward_context(metadata, batch_descriptor=descriptor) as context,
+        ):
+            if graphs and runtime_graph_mode(self.config, padded) == GraphMode.FULL:
+                context.attn_metadata = self._full_graph_metadata(padded, metadata)
             hidden = self.model(input_ids, positions)
         return hidden[:num_tokens]
+
+    def _full_graph_metadata(
+        self, padded: int, metadata: AttentionMetadata | None
+    ) -> AttentionMetadata:
+        """The step's metadata copied into the static buffers a FULL graph reads."""
+        assert self.static_metadata is not None and self.config is not None
+        if self.config.graph_mode == GraphMode.FULL_AND_PIECEWISE:
+            return self.static_metadata.uniform_decode(padded, metadata)
+        return self.static_metadata.general(padded, metadata)
 
     def capture(self, *, progress: bool = True) -> list[CaptureReport]:
         """Capture a graph for every capture size (no-op without graphs)."""
         if not self.capture_sizes or self.config is None:
             return []
         zeros = torch.zeros(self.capture_sizes[-1], dtype=torch.long, device=self.device)
+        # FULL_AND_PIECEWISE keeps two sets of graphs per size: the full model's for
+        # uniform decodes and the pieces' for every other batch.
+        both = self.config.graph_mode == GraphMode.FULL_AND_PIECEWISE
+        kinds = (True, False) if both else (False,)
 
         def run_step(size: int) -> None:
-            # Attention runs between the captured pieces, so an empty step is enough:
-            # without metadata the attention op only zero-fills its output.
-            self.execute(zeros[:size], zeros[:size], None, uniform_decode=True)
+            # A step without real requests is enough: pieces never contain attention
+            # (without metadata the op only zero-fills its output), and a full graph
+            # captures attention over the static metadata's padding requests.
+            for uniform_decode in kinds:
+                self.execute(zeros[:size], zeros[:size], None, uniform_decode=uniform_decode)
 
         return capture_graphs(
             run_step,

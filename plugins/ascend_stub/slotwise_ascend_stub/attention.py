@@ -6,7 +6,13 @@ with calls to your kernels and keep the tests in tests/attention passing.
 
 The cache of one layer is ``kv_cache[2, num_blocks, block_size, num_kv_heads,
 head_size]`` (0: keys, 1: values).  The batch is ``[decodes..., prefills...]``, but
-this implementation does not need to care: a decode is a prefill of one token.
+the general path does not need to care: a decode is a prefill of one token.
+
+Batches of decodes only take a second path, written for full static graphs: no value
+is read back to the host and every shape follows from the batch size, so a graph
+captured for one decode step replays correctly for the next.  That is what
+``GraphSupport.UNIFORM_DECODE`` promises; a backend without such a path declares
+``PIECEWISE_ONLY`` and attention then always runs between graphs.
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ from slotwise.attention import (
 
 class AscendStubReferenceBackend(AttentionBackend):
     supported_dtypes = (torch.float32, torch.bfloat16, torch.float16)
-    # Python loops over requests read the metadata on the host: never inside a graph.
-    graph_support = GraphSupport.PIECEWISE_ONLY
+    # The general path's loops read the metadata on the host, so only decode-only
+    # batches may be captured in full graphs (graph_mode FULL_AND_PIECEWISE).
+    graph_support = GraphSupport.UNIFORM_DECODE
 
     @classmethod
     def get_name(cls) -> str:
@@ -49,6 +56,9 @@ class AscendStubReferenceImpl(AttentionImpl):
     ) -> None:
         key_cache, value_cache = kv_cache[0], kv_cache[1]
         block_size = key_cache.shape[1]
+        if metadata.num_prefills == 0:
+            self._decode(q, k, v, key_cache, value_cache, metadata, output)
+            return
 
         # Step 1: store this step's keys and values.  Token t goes to slot
         # slot_mapping[t], i.e. block slot // block_size, offset slot % block_size.
@@ -90,3 +100,37 @@ class AscendStubReferenceImpl(AttentionImpl):
             probs = scores.softmax(dim=-1)
             out = torch.einsum("hij,jhd->ihd", probs, values.float())
             output[start:end] = out.to(output.dtype)
+
+    def _decode(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        output: torch.Tensor,
+    ) -> None:
+        """Steps 1 and 2 for one new token per request, all requests at once."""
+        num_tokens = metadata.num_actual_tokens  # == requests: one token each
+
+        # Step 1: the cache seen as one row of slots; index_copy_ takes the slots
+        # as a tensor, where the loop above reads them one by one on the host.
+        num_slots = key_cache.shape[0] * key_cache.shape[1]
+        slots = metadata.slot_mapping
+        key_cache.view(num_slots, *key_cache.shape[2:]).index_copy_(0, slots, k[:num_tokens])
+        value_cache.view(num_slots, *value_cache.shape[2:]).index_copy_(0, slots, v[:num_tokens])
+
+        # Step 2: gather every block of the table (its width is fixed by the batch,
+        # not by the sequence lengths), then mask the positions past each sequence.
+        keys = key_cache[metadata.block_table].flatten(1, 2)  # [reqs, positions, kv_heads, D]
+        values = value_cache[metadata.block_table].flatten(1, 2)
+        keys = keys.repeat_interleave(self.num_queries_per_kv, dim=2)  # [reqs, pos, heads, D]
+        values = values.repeat_interleave(self.num_queries_per_kv, dim=2)
+        query = q[:num_tokens].float()  # [reqs, heads, D]
+        scores = torch.einsum("rhd,rjhd->rhj", query, keys.float()) * self.scale
+        positions = torch.arange(keys.shape[1], device=q.device)
+        past_end = positions[None, None, :] >= metadata.seq_lens[:, None, None]
+        probs = scores.masked_fill(past_end, float("-inf")).softmax(dim=-1)
+        out = torch.einsum("rhj,rjhd->rhd", probs, values.float())
+        output[:num_tokens] = out.to(output.dtype)

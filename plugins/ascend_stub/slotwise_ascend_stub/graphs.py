@@ -6,12 +6,16 @@ how to capture and replay one graph, through a ``GraphAPI``.  A real vendor wrap
 its SDK's graph object here.  The stub "captures" by remembering the work; a
 replay recomputes it from the captured input tensors and writes into the captured
 output tensors, which is exactly what a device graph lets a caller observe: new
-data copied into a captured buffer is seen, a tensor elsewhere is not.
+data copied into a captured buffer is seen, a tensor elsewhere is not.  A replay
+also runs under the forward context of the capture, as a device graph keeps what
+the captured code read on the host (the attention metadata of that step).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import copy
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -21,6 +25,7 @@ from slotwise.compilation.static_graph_wrapper import (
     StaticGraphPiecewiseBackend,
     StaticGraphWrapper,
 )
+from slotwise.forward_context import ForwardContext, set_forward_context, try_get_forward_context
 
 
 class StubNpuGraph:
@@ -28,10 +33,12 @@ class StubNpuGraph:
         self.api = api
         self.work: Callable[[], Any] | None = None
         self.outputs: Any = None
+        self.context: ForwardContext | None = None
 
     def capture(self, fn: Callable[[], Any], pool: Any, *, quiet: bool) -> Any:
         # A real SDK records kernels into the graph here instead of running them.
         self.api.captures.append({"pool": pool, "quiet": quiet})
+        self.context = _frozen(try_get_forward_context())
         self.work = fn
         self.outputs = fn()
         return self.outputs
@@ -39,10 +46,37 @@ class StubNpuGraph:
     def replay(self) -> None:
         assert self.work is not None, "replay before capture"
         self.api.replays += 1
-        fresh = pytree.tree_leaves(self.work())
+        with _restored(self.context):
+            fresh = pytree.tree_leaves(self.work())
         for captured, value in zip(pytree.tree_leaves(self.outputs), fresh, strict=True):
             if isinstance(captured, torch.Tensor):
                 captured.copy_(value)  # results land where the graph wrote them at capture
+
+
+def _frozen(context: ForwardContext | None) -> ForwardContext | None:
+    """The context's values now: the same tensors (same addresses), host values fixed."""
+    if context is None:
+        return None
+    return ForwardContext(
+        copy.copy(context.attn_metadata),
+        context.graph_mode,
+        context.batch_descriptor,
+        dict(context.extras),
+    )
+
+
+@contextlib.contextmanager
+def _restored(context: ForwardContext | None) -> Iterator[None]:
+    if context is None:  # nothing captured read a context
+        yield
+        return
+    with set_forward_context(
+        context.attn_metadata,
+        graph_mode=context.graph_mode,
+        batch_descriptor=context.batch_descriptor,
+        **context.extras,
+    ):
+        yield
 
 
 class StubNpuGraphAPI:

@@ -25,9 +25,12 @@ class TritonPagedBackend(AttentionBackend):
     # The kernels pad the head size to a power of two; these are the sizes checked
     # against the reference implementation.
     supported_head_sizes = (32, 64, 80, 96, 112, 128, 256)
-    # The decode/prefill split reads token counts on the host each step, so a
-    # captured graph would bake one batch's split in: attention runs between pieces.
-    graph_support = GraphSupport.PIECEWISE_ONLY
+    # Neither kernel reads the device on the host, and the prefill kernel's grid
+    # depends on tensor shapes alone, so the launches can be captured.  The
+    # decode/prefill split is a host value baked into a graph: full graphs of mixed
+    # batches get StaticAttentionMetadata.general, where every request is a "prefill"
+    # (requests of query length 0 included) and the prefill kernel runs them all.
+    graph_support = GraphSupport.ALWAYS
 
     @classmethod
     def get_name(cls) -> str:

@@ -6,7 +6,9 @@ backend's own metadata builder and a cache of the backend's own shape.  Each bat
 is preceded by a step that writes the requests' cached context through the backend
 itself, so no assumption about the cache layout is needed; both steps are compared
 with ``ReferenceAttention``.  Block tables are shuffled and the batch carries
-padding rows past the real tokens, as a static-graph runner pads it.
+padding rows past the real tokens, as a static-graph runner pads it.  A backend whose
+``graph_support`` lets full graphs capture it is also run on the static metadata
+layouts those graphs read (``StaticAttentionMetadata``), for the batches it declares.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from slotwise.attention import (
     AttentionBackend,
     AttentionBackendError,
     AttentionMetadataBuilder,
+    StaticAttentionMetadata,
     allocate_kv_caches,
 )
 from slotwise.forward_context import set_forward_context
@@ -54,12 +57,37 @@ Request = tuple[int, int, list[int]]
 @pytest.mark.parametrize("head_size, group", LAYOUTS, ids=lambda v: str(v))
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_attention_matches_the_reference(scenario: str, head_size: int, group: int) -> None:
+    run_scenario(scenario, head_size, group)
+
+
+@pytest.mark.parametrize(
+    "scenario, layout",
+    [*((scenario, "general") for scenario in SCENARIOS), ("decode", "uniform_decode")],
+)
+def test_attention_on_the_full_graph_layouts_it_declares(scenario: str, layout: str) -> None:
+    backend, _, _ = select_backend(target.platform(), 64)
+    if not backend.graph_support.captures(uniform_decode_only=layout == "uniform_decode"):
+        target.skip(
+            f"{backend.get_name()} has graph_support {backend.graph_support.name}: full "
+            f"graphs never capture it on the {layout} layout"
+        )
+    run_scenario(scenario, 64, 2, static_layout=layout)
+
+
+def run_scenario(
+    scenario: str, head_size: int, group: int, static_layout: str | None = None
+) -> None:
+    """The scenario's steps through the platform's backend, checked against the reference;
+    ``static_layout`` ("general" or "uniform_decode") lays the last one out as a full
+    graph reads it."""
     platform = target.platform()
     backend, dtype, block_size = select_backend(platform, head_size)
     generator = torch.Generator().manual_seed(len(scenario) * 1000 + head_size + group)
     num_heads = NUM_KV_HEADS * group
     scale = head_size**-0.5
     block_ids, num_blocks = shuffled_block_tables(SCENARIOS[scenario], block_size, generator)
+    scratch_block = num_blocks  # for the padding requests of a static layout
+    num_blocks += 1
     layer = Attention(
         num_heads,
         head_size,
@@ -75,16 +103,28 @@ def test_attention_matches_the_reference(scenario: str, head_size: int, group: i
     reference = ReferenceAttention(
         num_heads, NUM_KV_HEADS, head_size, scale, num_blocks=num_blocks, block_size=block_size
     )
-    for label, batch in steps(scenario, block_ids):
+    all_steps = steps(scenario, block_ids)
+    for index, (label, batch) in enumerate(all_steps):
         lengths = ([q for q, _, _ in batch], [c for _, c, _ in batch], [b for _, _, b in batch])
         metadata = backend.get_builder_cls()(block_size, device).build(*lengths)
         num_tokens = metadata.num_actual_tokens
+        if static_layout is not None and index == len(all_steps) - 1:
+            label += f", on the static {static_layout} layout of a full graph"
+            padded = num_tokens + PADDING
+            static = StaticAttentionMetadata(padded, num_blocks, block_size, scratch_block, device)
+            metadata = getattr(static, static_layout)(padded, metadata)
         q, k, v = (
             torch.randn(num_tokens + PADDING, heads, head_size, generator=generator).to(dtype)
             for heads in (num_heads, NUM_KV_HEADS, NUM_KV_HEADS)
         )
-        with set_forward_context(metadata):
-            out = layer(*(x.flatten(1).to(device) for x in (q, k, v)))
+        try:
+            with set_forward_context(metadata):
+                out = layer(*(x.flatten(1).to(device) for x in (q, k, v)))
+        except Exception as exc:  # noqa: BLE001 - reported with the step that raised it
+            target.fail(
+                f"attention backend {backend.get_name()} raised {type(exc).__name__} on "
+                f"{label}: {exc}"
+            )
         expected = reference.step(q, k, v, AttentionMetadataBuilder(block_size).build(*lengths))
         got = out[:num_tokens].view(num_tokens, num_heads, head_size).double().cpu()
         what = f"{label} (query+context lengths {', '.join(f'{q}+{c}' for q, c, _ in batch)})"
@@ -96,6 +136,12 @@ def test_attention_matches_the_reference(scenario: str, head_size: int, group: i
             f"{what}, head size {head_size}, {num_heads} query heads over {NUM_KV_HEADS} "
             "key/value heads",
         )
+        if not bool(out[num_tokens:].isfinite().all()):
+            target.fail(
+                f"attention backend {backend.get_name()} wrote non-finite values into the "
+                f"padding rows of {label}; padding requests decode one token on a scratch "
+                "block and must give finite rows, or they spread NaN through later layers"
+            )
 
 
 def steps(scenario: str, block_ids: list[list[int]]) -> list[tuple[str, list[Request]]]:

@@ -1,0 +1,119 @@
+"""FULL graphs through the ModelRunner on the CPU graph API: attention inside the graph.
+
+The stub graph API replays a graph under the forward context of its capture, as a
+device graph replays the metadata addresses and counts it saw; so a FULL step gives
+the right tokens only if the runner refills the static metadata in place.
+"""
+
+from __future__ import annotations
+
+import pytest
+from triton_support import ON_GPU, helpers_interpreted, import_interpreted, interpreting
+
+from slotwise.compilation import CompilationConfig, ConfigError, counters
+from slotwise.compilation.static_graph import reset_capture_window
+from slotwise.models.llama import PRESETS, LlamaConfig, build_llama
+from slotwise.runner.model_runner import ModelRunner
+from slotwise_ascend_stub.attention import AscendStubReferenceBackend
+from slotwise_cpu.attention import CpuSdpaBackend
+from slotwise_cuda.attention import TritonPagedBackend
+
+#: 7 prompt tokens: the prefill pads to capture size 8, the decodes of 3 to 4.
+PROMPTS = [[1, 5, 9], [7, 7], [42, 11]]
+SIZES = [1, 2, 4, 8]
+#: The tiny preset with head size 32, which the Triton kernels take.
+TINY_HEAD_32 = LlamaConfig(
+    vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1
+)
+
+
+@pytest.fixture(autouse=True)
+def _lazy_captures_after_each_test():
+    yield
+    reset_capture_window()
+
+
+def runners(preset, graph_mode: str) -> tuple[ModelRunner, ModelRunner]:
+    """A runner with graphs and its eager twin (same weights, same backend)."""
+    config = CompilationConfig(level=3, backend="eager", capture_sizes=SIZES, graph_mode=graph_mode)
+    graphs = ModelRunner(build_llama(preset, seed=0, compilation_config=config), num_blocks=32)
+    eager = build_llama(preset, seed=0, compilation_config=CompilationConfig(level=0))
+    return graphs, ModelRunner(eager, num_blocks=32)
+
+
+@pytest.mark.parametrize(
+    "backend, graph_mode, fix",
+    [
+        (CpuSdpaBackend, "FULL_AND_PIECEWISE", "PIECEWISE_ONLY; use graph_mode=PIECEWISE"),
+        (CpuSdpaBackend, "FULL", "PIECEWISE_ONLY; use graph_mode=PIECEWISE"),
+        (AscendStubReferenceBackend, "FULL", "UNIFORM_DECODE; use graph_mode=FULL_AND_PIECEWISE"),
+    ],
+)
+def test_full_graphs_need_a_backend_that_can_be_captured(
+    graph_platform_with, backend, graph_mode, fix
+):
+    graph_platform_with(backend)
+    config = CompilationConfig(level=3, backend="eager", graph_mode=graph_mode)
+    model = build_llama("tiny", seed=0, compilation_config=config)
+    with pytest.raises(ConfigError, match=f"'graph_mode': {graph_mode} .*{fix}"):
+        ModelRunner(model, num_blocks=8)
+
+
+def test_full_and_piecewise_replays_one_graph_per_decode_step(graph_platform_with):
+    api = graph_platform_with(AscendStubReferenceBackend)
+    runner, eager = runners("tiny", "FULL_AND_PIECEWISE")
+    pieces = PRESETS["tiny"].num_layers + 1
+    with counters.expect(num_graphs_captured=len(SIZES) * (1 + pieces)):
+        runner.capture(progress=False)
+
+    requests = runner.add_requests(PROMPTS, 3)
+    replays = api.replays
+    logits = runner.step(requests)  # a prefill: the pieces' graphs, attention between them
+    assert api.replays - replays == pieces
+    for _ in range(2):
+        for request, token in zip(requests, logits.argmax(-1).tolist(), strict=True):
+            request.tokens.append(token)
+        replays = api.replays
+        logits = runner.step(requests)  # a uniform decode: the whole model's graph
+        assert api.replays - replays == 1
+    runner.free(requests)
+
+    with counters.expect(num_graphs_captured=0):
+        assert runner.generate(PROMPTS, 6) == eager.generate(PROMPTS, 6)
+
+
+def test_the_scratch_block_is_reserved_for_the_runners_lifetime(graph_platform_with):
+    graph_platform_with(AscendStubReferenceBackend)
+    runner, _ = runners("tiny", "FULL_AND_PIECEWISE")
+    scratch = runner.static_metadata.scratch_block
+    assert runner.allocator.num_free_blocks == 31
+    requests = runner.add_requests([[1] * 16] * 3, 80)  # every other block
+    assert scratch not in {block for request in requests for block in request.block_ids}
+
+
+@pytest.fixture
+def interpreted_triton():
+    """Runs the CUDA plugin's Triton kernels on CPU tensors, in Triton's interpreter."""
+    if ON_GPU:
+        pytest.skip("on a GPU triton compiles for the device; test_real_cuda_graphs covers it")
+    if not helpers_interpreted():
+        pytest.fail("triton.language was imported before tests/triton_support.py set it up")
+    import_interpreted("slotwise_cuda.kernels.attention")
+    with interpreting():
+        yield
+
+
+def test_full_graphs_capture_mixed_batches_with_the_triton_backend(
+    graph_platform_with, interpreted_triton
+):
+    api = graph_platform_with(TritonPagedBackend)
+    runner, eager = runners(TINY_HEAD_32, "FULL")
+    with counters.expect(num_graphs_captured=len(SIZES)):  # the whole model, once per size
+        runner.capture(progress=False)
+    requests = runner.add_requests(PROMPTS, 1)
+    replays = api.replays
+    runner.step(requests)  # a prefill padded to 8, replayed as one graph
+    assert api.replays - replays == 1
+    runner.free(requests)
+    with counters.expect(num_graphs_captured=0):
+        assert runner.generate(PROMPTS, 4) == eager.generate(PROMPTS, 4)
