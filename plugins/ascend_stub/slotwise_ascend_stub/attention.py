@@ -9,7 +9,7 @@ head_size]`` (0: keys, 1: values).  The batch is ``[decodes..., prefills...]``, 
 the general path does not need to care: a decode is a prefill of one token.
 
 Batches of decodes only take a second path, written for full static graphs: no value
-is read back to the host and every shape follows from the batch size, so a graph
+is read back to the host and every shape follows from the metadata's shapes, so a graph
 captured for one decode step replays correctly for the next.  That is what
 ``GraphSupport.UNIFORM_DECODE`` promises; a backend without such a path declares
 ``PIECEWISE_ONLY`` and attention then always runs between graphs.
