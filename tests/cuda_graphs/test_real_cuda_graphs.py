@@ -7,6 +7,7 @@ import torch
 
 from slotwise.compilation import CompilationConfig, counters
 from slotwise.compilation.static_graph import StaticGraphError
+from slotwise.forward_context import BatchDescriptor, set_forward_context
 from slotwise.platforms import use_platform
 from slotwise.testing.toy_models import TOY_SPLITTING_OPS, SillyModel
 
@@ -94,3 +95,18 @@ def test_runner_generates_the_eager_tokens_with_cuda_graphs(cuda_platform, graph
         assert tokens == ModelRunner(eager, num_blocks=64).generate(prompts, 8)
     finally:
         reset_capture_window()
+
+
+def test_inductor_partitions_capture_cuda_graphs(cuda_platform):
+    model, reference = cuda_models(use_inductor_graph_partition=True)
+    captured = {}
+    for size in (1, 2):
+        before = counters.snapshot()["num_graphs_captured"]
+        buffer = torch.empty(size, 8, device="cuda")
+        # Partitions see no example inputs: their size comes from the batch descriptor.
+        with set_forward_context(None, batch_descriptor=BatchDescriptor(num_tokens=size)):
+            for _ in range(3):
+                buffer.copy_(torch.randn(size, 8, device="cuda"))
+                torch.testing.assert_close(model(buffer), reference(buffer))
+        captured[size] = counters.snapshot()["num_graphs_captured"] - before
+    assert captured[1] == captured[2] > 0, captured  # every partition, once per size
