@@ -82,6 +82,16 @@ def test_full_and_piecewise_replays_one_graph_per_decode_step(graph_platform_wit
         assert runner.generate(PROMPTS, 6) == eager.generate(PROMPTS, 6)
 
 
+def test_static_block_tables_are_as_wide_as_the_longest_request(graph_platform_with):
+    graph_platform_with(AscendStubReferenceBackend)
+    config = CompilationConfig(
+        level=3, backend="eager", capture_sizes=SIZES, graph_mode="FULL_AND_PIECEWISE"
+    )
+    model = build_llama("tiny", seed=0, compilation_config=config)
+    runner = ModelRunner(model, num_blocks=32, max_model_len=40)
+    assert runner.static_metadata.block_table.shape == (max(SIZES), 3)  # 40 tokens, blocks of 16
+
+
 def test_the_scratch_block_is_reserved_for_the_runners_lifetime(graph_platform_with):
     graph_platform_with(AscendStubReferenceBackend)
     runner, _ = runners("tiny", "FULL_AND_PIECEWISE")

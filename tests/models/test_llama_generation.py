@@ -61,3 +61,14 @@ def test_blocks_are_returned_after_generation():
     free = runner.allocator.num_free_blocks
     runner.generate(PROMPTS, 3)
     assert runner.allocator.num_free_blocks == free
+
+
+def test_requests_longer_than_the_model_are_refused_before_they_run():
+    model = build_llama("tiny", seed=0, compilation_config=CompilationConfig(level=0))
+    runner = ModelRunner(model, num_blocks=64)
+    assert runner.max_model_len == PRESETS["tiny"].max_position
+    with pytest.raises(
+        ValueError, match="prompt 1 has 500 tokens .* 20 more, over max_model_len 512"
+    ):
+        runner.add_requests([[1] * 4, [1] * 500], 20)
+    assert runner.allocator.num_free_blocks == 64  # nothing reserved

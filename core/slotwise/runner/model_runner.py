@@ -21,6 +21,7 @@ from slotwise.attention import (
     BlockAllocator,
     StaticAttentionMetadata,
     allocate_kv_caches,
+    num_blocks_for,
 )
 from slotwise.compilation.config import CompilationConfig, ConfigError, GraphMode
 from slotwise.compilation.static_graph import runtime_graph_mode
@@ -42,7 +43,11 @@ class Request:
 
 class ModelRunner:
     """Runs ``model`` (a ``LlamaForCausalLM``-like module with ``forward(input_ids,
-    positions)`` and ``compute_logits(hidden)``) on the current platform."""
+    positions)`` and ``compute_logits(hidden)``) on the current platform.
+
+    ``max_model_len`` bounds the tokens of one request (prompt and continuation);
+    by default the model's ``config.max_position``, else the whole cache.
+    """
 
     def __init__(
         self,
@@ -50,6 +55,7 @@ class ModelRunner:
         *,
         num_blocks: int = 256,
         device: torch.device | str | None = None,
+        max_model_len: int | None = None,
     ) -> None:
         self.model = model
         self.platform = get_current_platform()
@@ -58,6 +64,12 @@ class ModelRunner:
         if not layers:
             raise ValueError(f"{type(model).__name__} has no slotwise Attention layer")
         self.block_size = layers[0].block_size
+        model_config = getattr(model, "config", None)
+        self.max_model_len = (
+            max_model_len
+            or getattr(model_config, "max_position", None)
+            or num_blocks * self.block_size
+        )
         allocate_kv_caches(model, num_blocks, device=self.device)
         self.allocator = BlockAllocator(num_blocks, self.block_size)
         self.metadata_builder = layers[0].attn_backend.get_builder_cls()(
@@ -105,8 +117,9 @@ class ModelRunner:
         if not self.config.graph_mode.has_full_graphs:
             return None
         (scratch_block,) = self.allocator.allocate(1)
+        max_blocks = min(num_blocks, num_blocks_for(self.max_model_len, self.block_size))
         return StaticAttentionMetadata(
-            self.capture_sizes[-1], num_blocks, self.block_size, scratch_block, self.device
+            self.capture_sizes[-1], max_blocks, self.block_size, scratch_block, self.device
         )
 
     # -- steps ---------------------------------------------------------------------
@@ -184,6 +197,13 @@ class ModelRunner:
 
     def add_requests(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[Request]:
         """Reserve cache blocks for each prompt and its continuation."""
+        for index, prompt in enumerate(prompts):
+            if len(prompt) + max_new_tokens > self.max_model_len:
+                raise ValueError(
+                    f"prompt {index} has {len(prompt)} tokens and asks for {max_new_tokens} "
+                    f"more, over max_model_len {self.max_model_len}; shorten it or ask "
+                    "for fewer tokens"
+                )
         return [
             Request(
                 tokens=list(prompt),
