@@ -140,12 +140,18 @@ def run_case(
 
     new_keys = [k[c:] for k, (_, c) in zip(step.keys, requests, strict=True)]
     new_values = [v[c:] for v, (_, c) in zip(step.values, requests, strict=True)]
-    with set_forward_context(metadata):
-        out = layer(
+    # q, k and v are column slices of one fused buffer, as a model's qkv projection gives.
+    qkv = torch.cat(
+        [
             batch(step.queries, num_heads),
             batch(new_keys, NUM_KV_HEADS),
             batch(new_values, NUM_KV_HEADS),
-        )
+        ],
+        dim=1,
+    )
+    q_size, kv_size = num_heads * head_size, NUM_KV_HEADS * head_size
+    with set_forward_context(metadata):
+        out = layer(*qkv.split([q_size, kv_size, kv_size], dim=1))
 
     assert out.shape == (num_tokens + PADDING, num_heads * head_size)
     expected = torch.cat(

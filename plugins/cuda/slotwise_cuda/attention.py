@@ -57,7 +57,8 @@ class TritonPagedImpl(AttentionImpl):
         num_tokens = metadata.num_actual_tokens
         write_to_kv_cache(k[:num_tokens], v[:num_tokens], kv_cache, metadata.slot_mapping)
         key_cache, value_cache = kv_cache.unbind(0)
-        q = q.contiguous()
+        if q.stride(-1) != 1:  # the kernels take strided rows and heads, not strided values
+            q = q.contiguous()
         decodes = metadata.num_decodes  # one token each: rows 0..decodes-1
         if decodes:
             paged_decode_attention(
