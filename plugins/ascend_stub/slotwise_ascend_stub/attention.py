@@ -25,6 +25,7 @@ from slotwise.attention import (
     AttentionImpl,
     AttentionMetadata,
     GraphSupport,
+    write_to_kv_cache,
 )
 
 
@@ -54,11 +55,11 @@ class AscendStubReferenceImpl(AttentionImpl):
         metadata: AttentionMetadata,
         output: torch.Tensor,
     ) -> None:
+        if metadata.num_prefills == 0:
+            self._decode(q, k, v, kv_cache, metadata, output)
+            return
         key_cache, value_cache = kv_cache[0], kv_cache[1]
         block_size = key_cache.shape[1]
-        if metadata.num_prefills == 0:
-            self._decode(q, k, v, key_cache, value_cache, metadata, output)
-            return
 
         # Step 1: store this step's keys and values.  Token t goes to slot
         # slot_mapping[t], i.e. block slot // block_size, offset slot % block_size.
@@ -106,20 +107,17 @@ class AscendStubReferenceImpl(AttentionImpl):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
+        kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
         output: torch.Tensor,
     ) -> None:
         """Steps 1 and 2 for one new token per request, all requests at once."""
         num_tokens = metadata.num_actual_tokens  # == requests: one token each
 
-        # Step 1: the cache seen as one row of slots; index_copy_ takes the slots
-        # as a tensor, where the loop above reads them one by one on the host.
-        num_slots = key_cache.shape[0] * key_cache.shape[1]
-        slots = metadata.slot_mapping
-        key_cache.view(num_slots, *key_cache.shape[2:]).index_copy_(0, slots, k[:num_tokens])
-        value_cache.view(num_slots, *value_cache.shape[2:]).index_copy_(0, slots, v[:num_tokens])
+        # Step 1 with slotwise's helper, which takes the slots as a tensor (one
+        # index_copy_ per cache) where the loop above reads them one by one on the host.
+        write_to_kv_cache(k[:num_tokens], v[:num_tokens], kv_cache, metadata.slot_mapping)
+        key_cache, value_cache = kv_cache[0], kv_cache[1]
 
         # Step 2: gather every block of the table (its width is fixed by the batch,
         # not by the sequence lengths), then mask the positions past each sequence.
