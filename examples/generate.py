@@ -4,7 +4,8 @@
     python examples/generate.py --preset tiny -O.backend=eager --check --json
 
 The weights are seeded random numbers, so the tokens mean nothing; ``--check``
-generates again with the uncompiled model and fails if any token differs.
+generates again with the uncompiled model and fails if any token differs.  The
+compilation config is SLOTWISE_COMPILATION_CONFIG with the ``-O`` flags laid over it.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import argparse
 import json
 import logging
 
+from slotwise.cli.arguments import int_at_least
 from slotwise.compilation import CompilationConfig
 from slotwise.models.llama import PRESETS, build_llama
-from slotwise.runner.model_runner import ModelRunner
+from slotwise.runner.model_runner import ModelRunner, check_prompts
 
 
 def parse_prompt(text: str) -> list[int]:
@@ -33,7 +35,7 @@ def main() -> int:
     parser.add_argument(
         "--prompt", type=parse_prompt, action="append", help="token ids, e.g. 1,5,9"
     )
-    parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int_at_least(1), default=8)
     parser.add_argument("--check", action="store_true", help="compare with the uncompiled model")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     CompilationConfig.add_cli_arguments(parser)
@@ -41,12 +43,23 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     prompts = args.prompt or [[1, 5, 9, 3], [7, 7, 2]]
-    config = CompilationConfig.from_cli(["3", *(args.compilation_config or [])])
+    preset = PRESETS[args.preset]
+    # Refuse bad input here, before the model is built, compiled and captured.
+    try:
+        config = CompilationConfig.from_cli_namespace(args)
+        check_prompts(
+            prompts,
+            args.max_new_tokens,
+            vocab_size=preset.vocab_size,
+            max_model_len=preset.max_position,
+        )
+    except ValueError as err:  # a ConfigError is one too
+        parser.error(str(err))
     model = build_llama(args.preset, seed=0, compilation_config=config)
     runner = ModelRunner(model, num_blocks=64)
     runner.capture(progress=not args.json)
     tokens = runner.generate(prompts, args.max_new_tokens)
-    result: dict[str, object] = {"prompts": prompts, "tokens": tokens}
+    result: dict[str, object] = {"prompts": prompts, "tokens": tokens, "config": config.to_dict()}
     if args.check:
         eager = build_llama(args.preset, seed=0, compilation_config=CompilationConfig(level=0))
         result["matches_eager"] = (

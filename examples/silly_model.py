@@ -26,7 +26,7 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
-    config = CompilationConfig.from_cli(["3", *(args.compilation_config or [])]).replace(
+    config = CompilationConfig.from_cli_namespace(args).replace(
         splitting_ops=TOY_SPLITTING_OPS, compile_sizes=[4]
     )
     torch.manual_seed(0)

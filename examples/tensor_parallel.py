@@ -30,7 +30,7 @@ LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "G
 
 def generate(preset: str, flags: list[str], max_new_tokens: int) -> tuple[list[list[int]], int]:
     """The tokens, and how many attention heads each rank holds."""
-    config = CompilationConfig.from_cli(["3", *flags])
+    config = CompilationConfig.from_env_and_cli(flags)
     model = build_llama(preset, seed=0, compilation_config=config)
     runner = ModelRunner(model, num_blocks=64)
     runner.capture(progress=False)

@@ -67,3 +67,63 @@ def test_console_script_is_installed():
         [f"{script}/slotwise", "env", "--json"], capture_output=True, text=True, env=clean_env()
     )
     assert json.loads(result.stdout)["slotwise"]
+
+
+@pytest.mark.parametrize(
+    "variable, value, accepted",
+    [
+        ("SLOTWISE_STRICT_PLUGINS", "maybe", "1, true, yes, on, 0, false, no, off"),
+        ("SLOTWISE_DISABLE_COMPILE_CACHE", "maybe", "1, true, yes, on, 0, false, no, off"),
+        ("SLOTWISE_LOGGING_LEVEL", "LOUD", "DEBUG, INFO, WARNING, ERROR, CRITICAL"),
+        ("SLOTWISE_DIST_TIMEOUT", "1e300", "a number > 0 and <= 604800"),
+        ("SLOTWISE_DIST_TIMEOUT", "nan", "a number > 0 and <= 604800"),
+        ("SLOTWISE_DIST_TIMEOUT", "-5", "a number > 0 and <= 604800"),
+        ("SLOTWISE_PROBE_TIMEOUT", "soon", "a number > 0 and <= 3600"),
+    ],
+)
+def test_junk_setting_is_one_line_naming_variable_value_and_accepted_values(
+    variable, value, accepted
+):
+    result = slotwise("env", **{variable: value})
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"slotwise: error: {variable}={value!r} ")
+    assert f"accepted values: {accepted}" in result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def test_env_json_stays_json_when_a_plugin_prints(dists):
+    dists.add(
+        "slotwise-chatty",
+        """
+        from slotwise.platforms import Platform, PlatformSpec
+        from slotwise.plugins import hookimpl
+
+        print("chatty: imported")
+
+        class ChattyPlatform(Platform):
+            name = "chatty"
+            device_type = "cpu"
+
+            def device_count(self, **kwargs):
+                print("chatty: devices counted")
+                return 0
+
+        def probe():
+            print("chatty: probed")
+            return True
+
+        @hookimpl
+        def slotwise_platforms():
+            print("chatty: hook called")
+            return [PlatformSpec("chatty", __name__ + ":ChattyPlatform", probe, priority=200)]
+        """,
+    )
+    result = dists.run(
+        "from slotwise.cli.main import main\nraise SystemExit(main(['env', '--json']))"
+    )
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert info["platform"] == "chatty"
+    for said in ("imported", "probed", "hook called", "devices counted"):
+        assert f"chatty: {said}" in result.stderr

@@ -188,3 +188,14 @@ def test_broken_plugins_show_errors_in_their_cells_and_the_rest_still_prints(dis
     assert "nowrapper attention backend no_such_module:Backend: ModuleNotFoundError" in (
         result.stdout
     )
+
+
+def test_json_stays_json_when_a_plugin_prints(dists):
+    source = vendor_plugin("vendor", wrapper="print('vendor: wrapper asked'); return Wrapper")
+    source = source.replace("class Wrapper:", "print('vendor: imported')\n\n        class Wrapper:")
+    dists.add("slotwise-vendor", source)
+    result = matrix_in(dists, "matrix", "--json")
+    assert result.returncode == 0, result.stderr
+    vendor = next(p for p in json.loads(result.stdout)["platforms"] if p["name"] == "vendor")
+    assert vendor["errors"] == {}
+    assert "vendor: imported" in result.stderr and "vendor: wrapper asked" in result.stderr

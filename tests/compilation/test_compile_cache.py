@@ -360,6 +360,77 @@ def test_an_unwritable_cache_warns_once_and_runs_in_memory(tmp_path, caplog):
     assert str(blocker) in warning.getMessage()
 
 
+# --- whose cache it is ------------------------------------------------------------------
+
+
+def saved_cache(tmp_path) -> CompileCache:
+    """A cache holding one entry for layer_3, written by the current user."""
+    make_cache(tmp_path).compile(torch.fx.symbolic_trace(layer_3), [X, W], runtime_shape=None)
+    return make_cache(tmp_path)
+
+
+def mode(path) -> int:
+    return os.stat(path).st_mode & 0o777
+
+
+def test_folders_and_entries_slotwise_creates_are_private(tmp_path):
+    cache = saved_cache(tmp_path)
+    assert mode(tmp_path / "cache") == mode(cache.directory) == 0o700
+    (entry,) = entries(cache)
+    assert mode(entry) & 0o077 == 0
+    assert mode(Path(cache.directory) / FACTORS_FILE) & 0o077 == 0
+
+
+def compile_refused(cache: CompileCache, caplog) -> str:
+    """Compile layer_3 through ``cache``; assert nothing was loaded; the warning's text."""
+    loads = PicklingCompiler.loads
+    with caplog.at_level(logging.WARNING, logger="slotwise"):
+        with counters.expect(num_eager_compiles=1, num_cache_misses=1, num_cache_hits=0):
+            run_layer(cache.compile(torch.fx.symbolic_trace(layer_3), [X, W], runtime_shape=None))
+    assert PicklingCompiler.loads == loads
+    (warning,) = slotwise_records(caplog)
+    return warning.getMessage()
+
+
+@pytest.mark.parametrize("folder", ["root", "entry folder"])
+def test_a_cache_folder_writable_by_others_is_neither_read_nor_written(tmp_path, caplog, folder):
+    cache = saved_cache(tmp_path)
+    shared = tmp_path / "cache" if folder == "root" else Path(cache.directory)
+    shared.chmod(0o777)
+    (entry,) = entries(cache)
+    before = entry.stat().st_mtime_ns
+    message = compile_refused(cache, caplog)
+    assert f"{shared} is writable by group or others (mode 777)" in message
+    assert "chmod 700" in message
+    assert entry.stat().st_mtime_ns == before  # not overwritten either
+
+
+def test_an_entry_writable_by_others_is_not_loaded(tmp_path, caplog):
+    cache = saved_cache(tmp_path)
+    (entry,) = entries(cache)
+    entry.chmod(0o666)
+    message = compile_refused(cache, caplog)
+    assert f"not trusted: {entry} is writable by group or others" in message
+
+
+def test_a_linked_entry_is_not_loaded(tmp_path, caplog):
+    cache = saved_cache(tmp_path)
+    (entry,) = entries(cache)
+    planted = tmp_path / "planted.bin"
+    entry.rename(planted)
+    entry.symlink_to(planted)
+    message = compile_refused(cache, caplog)
+    assert str(entry) in message
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="chown needs root")
+def test_a_cache_folder_of_another_user_is_not_used(tmp_path, caplog):
+    cache = saved_cache(tmp_path)
+    os.chown(cache.directory, 4242, 4242)
+    message = compile_refused(cache, caplog)
+    assert f"{cache.directory} is owned by uid 4242, not by you (uid 0)" in message
+
+
 class UnsaveableCompiler(PicklingCompiler):
     def compile(self, graph, example_inputs, *, runtime_shape):
         def save(path):

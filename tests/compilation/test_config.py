@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import re
@@ -12,6 +13,8 @@ import pytest
 
 from slotwise.compilation.config import (
     DEFAULT_SPLITTING_OPS,
+    MAX_GRAPH_WARMUPS,
+    MAX_SIZE,
     CompilationConfig,
     CompilationLevel,
     ConfigError,
@@ -364,6 +367,41 @@ def test_cli_errors(flag: str, fragment: str) -> None:
         ({"cache_dir": None}, ["'cache_dir'", "None", "directory path"]),
         ({"inductor_config": [1]}, ["'inductor_config'", "[1]", "Inductor option"]),
         ({"inductor_config": {"f": print}}, ["'inductor_config.f'", "print", "JSON data"]),
+        # Too big, or not really an int: bounded, and never a list of a billion sizes.
+        ({"max_capture_size": 2**63}, ["'max_capture_size'", str(2**63), f"up to {MAX_SIZE}"]),
+        ({"max_capture_size": 2_000_000_000}, ["'max_capture_size'", "2000000000", "65536"]),
+        ({"max_capture_size": MAX_SIZE + 1}, ["'max_capture_size'", "65537", "up to 65536"]),
+        ({"max_capture_size": 1e300}, ["'max_capture_size'", "1e+300", "non-negative integer"]),
+        ({"max_capture_size": 512.0}, ["'max_capture_size'", "512.0", "non-negative integer"]),
+        ({"max_capture_size": True}, ["'max_capture_size'", "True", "not a boolean"]),
+        ({"capture_sizes": [1, 10**30]}, ["'capture_sizes'", str(10**30), "up to 65536"]),
+        ({"capture_sizes": [float("inf")]}, ["'capture_sizes'", "inf", "positive integers"]),
+        ({"capture_sizes": [2.0]}, ["'capture_sizes'", "2.0", "positive integers"]),
+        ({"compile_sizes": [float("nan")]}, ["'compile_sizes'", "nan", "positive integers"]),
+        ({"compile_sizes": [MAX_SIZE + 1]}, ["'compile_sizes'", "65537", "up to 65536"]),
+        ({"graph_warmups": MAX_GRAPH_WARMUPS + 1}, ["'graph_warmups'", "101", "up to 100"]),
+        ({"graph_warmups": 10**30}, ["'graph_warmups'", str(10**30), "up to 100"]),
+        ({"graph_warmups": 1.0}, ["'graph_warmups'", "1.0", "non-negative integer"]),
+        ({"level": 10**30}, ["'level'", str(10**30), "3 (PIECEWISE)"]),
+        ({"level": float("nan")}, ["'level'", "nan", "3 (PIECEWISE)"]),
+        ({"level": 3.0}, ["'level'", "3.0", "3 (PIECEWISE)"]),
+        ({"level": "9" * 5000}, ["'level'", "9999", "digit string"]),
+        # NUL ends a C string early; a lone surrogate cannot be encoded at all.
+        ({"cache_dir": "/tmp/a\x00b"}, ["'cache_dir'", "\\x00", "without NUL"]),
+        ({"cache_dir": "\ud800"}, ["'cache_dir'", "\\ud800", "lone surrogates"]),
+        ({"backend": "a:b\x00"}, ["'backend'", "\\x00", "module:Class"]),
+        ({"splitting_ops": ["a::b\x00"]}, ["'splitting_ops'", "\\x00", "ns::op"]),
+        ({"splitting_ops": ["a::\udc80"]}, ["'splitting_ops'", "\\udc80", "ns::op"]),
+        ({"inductor_config": {"": 1}}, ["'inductor_config'", "''", "option names"]),
+        ({"inductor_config": {"a\x00": 1}}, ["'inductor_config'", "\\x00", "option names"]),
+        ({"inductor_config": {"\ud800": 1}}, ["'inductor_config'", "\\ud800", "option names"]),
+        ({"inductor_config": {"a.": 1}}, ["'inductor_config'", "'a.'", "triton.cudagraphs"]),
+        ({"inductor_config": {"a": "x\x00"}}, ["'inductor_config.a'", "\\x00", "without NUL"]),
+        ({"inductor_config": {"a": {"\ud800": 1}}}, ["'inductor_config.a'", "lone surrogates"]),
+        ({"inductor_config": {"a": float("nan")}}, ["'inductor_config.a'", "nan", "finite"]),
+        ({"inductor_config": {"a": [float("-inf")]}}, ["'inductor_config.a'", "-inf", "finite"]),
+        ({"inductor_config": {"a": 2**64}}, ["'inductor_config.a'", str(2**64), "64-bit"]),
+        ({"inductor_config": {"a": 10**5000}}, ["'inductor_config.a'", "int too large to show"]),
     ],
 )
 def test_bad_values_name_key_value_and_accepted(
@@ -378,6 +416,94 @@ def test_bad_values_name_key_value_and_accepted(
 
 def test_config_error_is_a_value_error() -> None:
     assert issubclass(ConfigError, ValueError)
+
+
+def test_error_messages_stay_short_for_huge_values() -> None:
+    for build in (
+        lambda: CompilationConfig(capture_sizes=[list(range(10**6))]),
+        lambda: CompilationConfig(backend="x" * 10**6),
+        lambda: CompilationConfig.from_cli(["x" * 10**6]),
+    ):
+        with pytest.raises(ConfigError) as info:
+            build()
+        assert len(str(info.value)) < 1000
+
+
+def test_self_containing_or_deep_inductor_values() -> None:
+    loop: list[object] = []
+    loop.append(loop)
+    deep: object = 1
+    for _ in range(100):
+        deep = [deep]
+    for value in (loop, deep):
+        with pytest.raises(ConfigError, match=r"'inductor_config\.a'.*nested at most 16 deep"):
+            CompilationConfig(inductor_config={"a": value})
+    assert CompilationConfig(inductor_config={"a": [[{"b": [1.5, None]}]]}).inductor_config
+
+
+def test_largest_sizes_are_accepted() -> None:
+    config = CompilationConfig(max_capture_size=MAX_SIZE, graph_warmups=MAX_GRAPH_WARMUPS)
+    assert config.capture_sizes is not None and config.capture_sizes[-1] == MAX_SIZE
+    assert CompilationConfig(compile_sizes=[MAX_SIZE]).compile_sizes == [MAX_SIZE]
+
+
+def test_unknown_keyword_is_a_config_error_with_suggestion() -> None:
+    with pytest.raises(ConfigError) as info:
+        CompilationConfig(capture_size=[1])  # type: ignore[call-arg]
+    assert "'capture_size'" in str(info.value)
+    assert "did you mean 'capture_sizes'?" in str(info.value)
+    with pytest.raises(ConfigError, match="keyword arguments only.*coerce"):
+        CompilationConfig({"level": 3})  # type: ignore[misc]
+    # The wrapper keeps the dataclass signature for help() and IDEs.
+    assert "capture_sizes" in inspect.signature(CompilationConfig).parameters
+
+
+def test_junk_disable_cache_variable_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLOTWISE_DISABLE_COMPILE_CACHE", "junk")
+    with pytest.raises(ConfigError, match="SLOTWISE_DISABLE_COMPILE_CACHE='junk'"):
+        _ = CompilationConfig().cache_enabled
+    assert not CompilationConfig(disable_cache=True).cache_enabled  # the variable is not read
+
+
+@pytest.mark.parametrize(
+    ("flag", "fragments"),
+    [
+        (".max_capture_size=9223372036854775808", ["'max_capture_size'", "up to 65536"]),
+        (".max_capture_size=1e300", ["'max_capture_size'", "1e+300"]),
+        (".capture_sizes=[1,1e300]", ["'capture_sizes'", "1e+300"]),
+        (".compile_sizes=[" + "9" * 5000 + "]", ["'compile_sizes'", "a list of positive"]),
+        (".graph_warmups=1e999", ["'graph_warmups'", "inf"]),
+        (".graph_warmups=true", ["'graph_warmups'", "True", "not a boolean"]),
+        (".level=" + "9" * 5000, ["'level'", "digit string"]),
+        ("9" * 5000, ["-O '9999", "a level (0-3"]),
+        (".capture_sizes=" + "[" * 100_000, ["'capture_sizes'", "a list of positive"]),
+        (".inductor_config.=1", ["'inductor_config'", "''", "option names"]),
+        (".inductor_config.x=NaN", ["'inductor_config.x'", "nan", "finite"]),
+        (".inductor_config.x=-Infinity", ["'inductor_config.x'", "-inf", "finite"]),
+    ],
+)
+def test_cli_rejects_huge_and_non_finite_numbers(flag: str, fragments: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        CompilationConfig.from_cli([flag])
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ('{"graph_warmups": NaN}', "'graph_warmups'"),
+        ('{"max_capture_size": Infinity}', "'max_capture_size'"),
+        ('{"inductor_config": {"x": -Infinity}}', "'inductor_config.x'"),
+        ('{"capture_sizes": [1e400]}', "'capture_sizes'"),
+        ('{"inductor_config": {"x": 1e400}}', "'inductor_config.x'"),
+        ('{"level": ' + "9" * 5000 + "}", "not valid JSON"),
+        ("[" * 100_000, "not valid JSON"),
+    ],
+)
+def test_json_rejects_non_finite_huge_and_deep_values(text: str, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        CompilationConfig.from_json(text)
 
 
 def test_unknown_key_suggests_and_lists_keys() -> None:
@@ -406,6 +532,16 @@ def test_bad_json(text: str) -> None:
 def test_bad_json_quotes_the_json_error() -> None:
     with pytest.raises(ConfigError, match=r"not valid JSON \(Expecting property name"):
         CompilationConfig.from_json('{"level": 3,}')
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe{}", None])
+def test_unreadable_file_is_a_config_error(tmp_path: Path, content: bytes | None) -> None:
+    path = tmp_path / "c.json"
+    if content is not None:
+        path.write_bytes(content)
+    name = str(path) if content is not None else f"{tmp_path}/a\x00b.json"
+    with pytest.raises(ConfigError, match="cannot read compilation config file"):
+        CompilationConfig.from_file(name)
 
 
 def test_missing_file(tmp_path: Path) -> None:
@@ -504,3 +640,14 @@ def test_hash_stable_across_processes() -> None:
 def test_import_does_not_load_torch() -> None:
     code = "import sys, slotwise.compilation.config; print('torch' in sys.modules)"
     assert _python(code) == "False"
+
+
+def test_cli_flags_are_laid_over_the_environment_key_by_key(tmp_path):
+    path = tmp_path / "compile.json"
+    path.write_text('{"level": 2, "backend": "eager", "compile_sizes": [4]}')
+    for value in (str(path), path.read_text()):
+        environ = {"SLOTWISE_COMPILATION_CONFIG": value}
+        cfg = CompilationConfig.from_env_and_cli([".compile_sizes=[8]"], environ)
+        assert (cfg.level, cfg.backend, cfg.compile_sizes) == (2, "eager", [8])
+    with pytest.raises(ConfigError, match="SLOTWISE_COMPILATION_CONFIG: .*'level'"):
+        CompilationConfig.from_env_and_cli(["3"], {"SLOTWISE_COMPILATION_CONFIG": '{"level": 9}'})

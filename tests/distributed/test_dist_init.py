@@ -14,6 +14,7 @@ from dist_worker import WORLD
 from support import LAUNCHER_VARIABLES, process_env, run_together
 
 import slotwise.distributed as sd
+from slotwise.errors import EnvironmentVariableError
 from slotwise.platforms import use_platform
 from slotwise_cpu.communicator import CpuCommunicator
 from slotwise_cpu.platform import CpuPlatform
@@ -98,6 +99,40 @@ def test_a_torch_distributed_initialised_before_is_used_and_left_to_its_owner(al
         assert dist.is_initialized()
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("owned", [True, False], ids=["slotwise_owned", "user_owned"])
+def test_shutdown_leaves_alone_a_default_group_the_user_made_after_destroying_ours(alone, owned):
+    def user_group() -> None:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+    if not owned:
+        user_group()
+    sd.init_distributed()
+    dist.destroy_process_group()  # ours (with the tp group), or the user's own
+    user_group()
+    try:
+        sd.shutdown_distributed()
+        assert dist.is_initialized() and not sd.is_initialized()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_init_interrupted_halfway_leaves_no_group_behind(alone, monkeypatch):
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("slotwise.distributed.state._new_tp_group", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        sd.init_distributed()  # after the default group was made
+    assert not dist.is_initialized() and not sd.is_initialized()
+
+
+def test_a_timeout_out_of_range_is_refused_before_torch_sees_it(alone, monkeypatch):
+    monkeypatch.setenv("SLOTWISE_DIST_TIMEOUT", "1e300")  # an OverflowError inside torch
+    with pytest.raises(EnvironmentVariableError, match=r"SLOTWISE_DIST_TIMEOUT='1e300' is not"):
+        sd.init_distributed()
+    assert not dist.is_initialized() and not sd.is_initialized()
 
 
 @pytest.mark.slow

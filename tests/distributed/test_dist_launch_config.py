@@ -12,7 +12,8 @@ import pytest
 from support import LAUNCHER_VARIABLES
 
 from slotwise.distributed import DEFAULT_TIMEOUT_S, DistributedInitError
-from slotwise.distributed.launch import resolve_launch_config
+from slotwise.distributed.launch import MAX_TIMEOUT_S, resolve_launch_config
+from slotwise.errors import EnvironmentVariableError
 
 
 @pytest.fixture(autouse=True)
@@ -67,6 +68,23 @@ def test_the_timeout_comes_from_the_argument_then_the_environment(monkeypatch):
     assert resolve_launch_config(timeout=datetime.timedelta(minutes=1)).timeout_s == 60.0
 
 
+@pytest.mark.parametrize("value", ["1e300", "nan", "-5", "abc", "inf", "0", "604800.5"])
+def test_a_junk_timeout_variable_names_itself_its_value_and_the_range(monkeypatch, value):
+    monkeypatch.setenv("SLOTWISE_DIST_TIMEOUT", value)
+    with pytest.raises(EnvironmentVariableError) as raised:
+        resolve_launch_config()
+    assert str(raised.value).startswith(f"SLOTWISE_DIST_TIMEOUT={value!r} is not")
+    assert "a number > 0 and <= 604800 (default 600)" in str(raised.value)
+
+
+def test_seven_days_is_the_longest_timeout(monkeypatch):
+    monkeypatch.setenv("SLOTWISE_DIST_TIMEOUT", "604800")
+    assert resolve_launch_config().timeout_s == MAX_TIMEOUT_S == 604800
+    assert resolve_launch_config(timeout=datetime.timedelta(days=7)).timeout_s == MAX_TIMEOUT_S
+    with pytest.raises(DistributedInitError, match=r"at most 604800 \(7 days\)"):
+        resolve_launch_config(timeout=datetime.timedelta(days=7, seconds=1))
+
+
 @pytest.mark.parametrize(
     "setup, kwargs, message",
     [
@@ -78,9 +96,8 @@ def test_the_timeout_comes_from_the_argument_then_the_environment(monkeypatch):
         ({"RANK": "0", "WORLD_SIZE": "2"}, {"rank": 1}, r"rank=1\) contradicts RANK=0"),
         ({"RANK": "zero", "WORLD_SIZE": "2"}, {}, "RANK='zero' is not an integer"),
         ({"RANK": "0", "WORLD_SIZE": "2"}, {}, "set MASTER_ADDR and MASTER_PORT"),
-        ({"SLOTWISE_DIST_TIMEOUT": "soon"}, {}, "SLOTWISE_DIST_TIMEOUT='soon' is not a positive"),
-        ({"SLOTWISE_DIST_TIMEOUT": "-1"}, {}, "SLOTWISE_DIST_TIMEOUT='-1' is not a positive"),
-        ({}, {"timeout": 0}, "timeout=0 is not a positive number of seconds"),
+        ({}, {"timeout": 0}, "timeout=0 is not a finite number of seconds above 0"),
+        ({}, {"timeout": 1e300}, r"timeout=1e\+300 is not a finite number of seconds above 0"),
     ],
 )
 def test_an_inconsistent_launch_is_refused_at_once(monkeypatch, setup, kwargs, message):

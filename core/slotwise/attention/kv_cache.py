@@ -9,7 +9,7 @@ slots.  Blocks need not be contiguous, so requests grow without copying.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -59,6 +59,19 @@ class BlockAllocator:
             self._used.add(block)
             block_ids.append(block)
         return block_ids
+
+    def allocate_all(self, num_tokens: Sequence[int]) -> list[list[int]]:
+        """New blocks for requests of ``num_tokens[i]`` tokens each, for all or for none:
+        a batch that only partly fits would hold blocks that nobody frees."""
+        needed = sum(num_blocks_for(n, self.block_size) for n in num_tokens)
+        if needed > len(self._free):
+            raise OutOfBlocksError(
+                f"{len(num_tokens)} requests of {sum(num_tokens)} tokens need {needed} "
+                f"blocks of {self.block_size}, but only {len(self._free)} of "
+                f"{self.num_blocks} are free; free finished requests, send fewer at once "
+                "or allocate a larger cache"
+            )
+        return [self.allocate(n) for n in num_tokens]
 
     def free(self, block_ids: Iterable[int]) -> None:
         for block in block_ids:

@@ -6,7 +6,13 @@ import argparse
 import json
 from typing import Any
 
+from slotwise.cli.arguments import int_at_least
 from slotwise.cli.table import format_table
+from slotwise.errors import SlotwiseError
+
+
+class BenchArgumentError(SlotwiseError):
+    """An argument only the preset can judge; main() reports it like argparse (exit 2)."""
 
 
 def add_parser(commands: Any, name: str) -> None:
@@ -20,7 +26,10 @@ def add_parser(commands: Any, name: str) -> None:
         "--preset", default="small", help="model preset (tiny, small, llama-3.2-1b)"
     )
     parser.add_argument(
-        "--batch-sizes", default="1,4,16", help="comma-separated decode batch sizes"
+        "--batch-sizes",
+        type=_sizes,
+        default="1,4,16",
+        help="comma-separated decode batch sizes, each >= 1",
     )
     parser.add_argument(
         "--variants",
@@ -30,19 +39,26 @@ def add_parser(commands: Any, name: str) -> None:
         "torch.compile:reduce-overhead (default: eager, level3, level3+graphs where the "
         "platform has static graphs, torch.compile)",
     )
-    parser.add_argument("--prompt-len", type=int, default=32, help="tokens cached per request")
-    parser.add_argument("--iterations", type=int, default=30, help="timed steps per variant")
+    parser.add_argument(
+        "--prompt-len",
+        type=int_at_least(1),
+        default=32,
+        help="tokens cached per request, from 1 to the preset's max_position - 1",
+    )
+    parser.add_argument(
+        "--iterations", type=int_at_least(1), default=30, help="timed steps per variant (>= 1)"
+    )
     parser.add_argument(
         "--threads",
-        type=int,
+        type=int_at_least(1),
         default=None,
         help="torch intra-op threads (default: torch's choice; 1 is steadier on a busy machine)",
     )
     parser.add_argument(
         "--tp",
-        type=int,
+        type=int_at_least(1),
         default=1,
-        help="tensor-parallel size; run under torchrun with as many processes "
+        help="tensor-parallel size (>= 1); run under torchrun with as many processes "
         "(torchrun --nproc-per-node N -m slotwise bench --tp N); rank 0 prints",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -55,8 +71,24 @@ def _sizes(text: str) -> list[int]:
     except ValueError:
         sizes = []
     if not sizes or min(sizes) < 1:
-        raise SystemExit(f"slotwise bench: --batch-sizes {text!r} must list positive integers")
+        raise argparse.ArgumentTypeError(f"{text!r} must list positive integers, e.g. 1,4,16")
     return sizes
+
+
+def _check_preset(preset: str, prompt_len: int) -> None:
+    """The preset exists and holds a prompt of ``prompt_len`` and one decoded token."""
+    from slotwise.models.llama import PRESETS
+
+    if preset not in PRESETS:
+        raise BenchArgumentError(
+            f"argument --preset: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}"
+        )
+    limit = PRESETS[preset].max_position - 1
+    if prompt_len > limit:
+        raise BenchArgumentError(
+            f"argument --prompt-len: preset {preset} holds prompts of 1 to {limit} tokens "
+            f"(and one decoded token), got {prompt_len}"
+        )
 
 
 def render(result: dict[str, Any]) -> str:
@@ -95,15 +127,16 @@ def render(result: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from slotwise.compilation.config import CompilationConfig
+
+    config = CompilationConfig.from_cli_namespace(args)  # checked before torch loads
+    _check_preset(args.preset, args.prompt_len)
     from slotwise.decode_benchmark import run_benchmark
 
     if args.threads is not None:
         import torch
 
         torch.set_num_threads(args.threads)
-    config = CompilationConfig.from_cli_namespace(args)
     variants = args.variants.split(",") if args.variants else None
-    sizes = _sizes(args.batch_sizes)
     rank = 0
     if args.tp > 1:
         from slotwise.distributed import init_distributed
@@ -112,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = run_benchmark(
             args.preset,
-            sizes,
+            args.batch_sizes,
             config,
             variants=variants,
             prompt_len=args.prompt_len,

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import platform as _pyplatform
+import sys
 from typing import Any
 
 import slotwise
@@ -130,6 +132,8 @@ def render(info: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    info = collect()
+    # stdout carries the answer alone: what plugin code prints while we ask goes to stderr.
+    with contextlib.redirect_stdout(sys.stderr):
+        info = collect()
     print(json.dumps(info, indent=2) if args.json else render(info))
     return 0 if info["platform"] else 1

@@ -8,7 +8,7 @@ import sys
 
 from slotwise import envs
 from slotwise.cli import bench_command, conformance_command, env_command, matrix_command
-from slotwise.errors import SlotwiseError
+from slotwise.errors import EnvironmentVariableError, SlotwiseError
 
 SUBCOMMANDS = {
     "env": env_command,
@@ -20,7 +20,7 @@ SUBCOMMANDS = {
 
 def configure_logging() -> None:
     """Send the ``slotwise`` logger to stderr at SLOTWISE_LOGGING_LEVEL (default INFO)."""
-    level = (envs.get("SLOTWISE_LOGGING_LEVEL") or "INFO").upper()
+    level = envs.logging_level()
     logger = logging.getLogger("slotwise")
     if not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
@@ -41,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        envs.validate_all()  # before any work: a typo fails here in one line, not mid-run
+    except EnvironmentVariableError as exc:
+        print(f"slotwise: error: {exc}", file=sys.stderr)
+        return 2
     configure_logging()
     args = build_parser().parse_args(argv)
     try:

@@ -11,7 +11,9 @@ asked separately: a plugin that breaks one cell shows an error there, never a cr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -245,7 +247,9 @@ def _escape(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    info = collect()
+    # stdout carries the answer alone: what plugin code prints while we ask goes to stderr.
+    with contextlib.redirect_stdout(sys.stderr):
+        info = collect()
     if not info["platforms"]:
         print("no platform plugin is installed; try 'pip install slotwise-cpu'")
         return 1

@@ -23,6 +23,7 @@ _EXPORTS = {
     "AbstractPiecewiseBackend": "piecewise_backend",
     "CompiledPiecewiseBackend": "piecewise_backend",
     "StaticGraphError": "static_graph",
+    "SizeSpecializationError": "compiled_forward",
 }
 
 __all__ = sorted(_EXPORTS)

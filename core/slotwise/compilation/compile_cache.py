@@ -5,7 +5,9 @@ One :class:`CompileCache` serves one compiled Dynamo graph of a model. Identical
 its output, a second process with the same model and config loads instead of compiling.
 The directory is named by a hash of everything that changes compiled code, so caches of
 different models, configs or torch versions never see each other's entries. A damaged or
-unreadable entry is recompiled and overwritten; it never yields a wrong result.
+unreadable entry is recompiled and overwritten; it never yields a wrong result. Entries
+are code: a cache folder or entry that another user could have written is not used at all
+(see :mod:`slotwise.compilation.cache_permissions`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ import torch
 import torch.fx as fx
 
 import slotwise
+from slotwise.compilation.cache_permissions import (
+    make_private_directories,
+    read_trusted_file,
+    untrusted_directory,
+)
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.compilers import Compiler
 from slotwise.compilation.config import CompilationConfig
@@ -61,11 +68,13 @@ class CompileCache:
         self.factors: dict[str, str] = {**factors, **own}
         canonical = json.dumps(self.factors, sort_keys=True, separators=(",", ":"))
         key = hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
-        self.directory = os.path.join(config.resolved_cache_dir, key)
+        self.root = config.resolved_cache_dir
+        self.directory = os.path.join(self.root, key)
         self._compiler = compiler
         self._read_disk = config.cache_enabled and compiler.supports_persistence
         self._write_disk = self._read_disk
         self._directory_ready = False
+        self._trust_checked = False
         self._compiled: dict[str, Callable[..., Any]] = {}
 
     def compile(
@@ -84,7 +93,7 @@ class CompileCache:
             counters.bump("num_cache_misses")
             return self._compiler.compile(graph, example_inputs, runtime_shape=runtime_shape).fn
         fn = self._compiled.get(key)
-        if fn is None and self._read_disk:
+        if fn is None and self._read_disk and self._directory_trusted():
             fn = self._load(key, graph, example_inputs, runtime_shape)
         if fn is not None:
             counters.bump("num_cache_hits")
@@ -92,7 +101,7 @@ class CompileCache:
             counters.bump("num_cache_misses")
             piece = self._compiler.compile(graph, example_inputs, runtime_shape=runtime_shape)
             fn = piece.fn
-            if self._write_disk and piece.save is not None:
+            if self._write_disk and piece.save is not None and self._directory_trusted():
                 self._save(key, runtime_shape, piece.save)
         self._compiled[key] = fn
         return fn
@@ -112,8 +121,7 @@ class CompileCache:
         if not os.path.isfile(path):
             return None
         try:
-            with open(path, "rb") as file:
-                payload = _unwrap(file.read(), key)
+            payload = _unwrap(read_trusted_file(path), key)
             if payload is None:
                 logger.warning(
                     "compile cache entry %s is corrupt or truncated; recompiling and "
@@ -168,10 +176,31 @@ class CompileCache:
             return
         logger.debug("compile cache: saved %s", path)
 
+    def _directory_trusted(self) -> bool:
+        """False, with one warning, when another user could have written this cache: its
+        entries are code, so it is neither read nor written."""
+        if self._trust_checked:
+            return self._read_disk or self._write_disk
+        self._trust_checked = True
+        reason = untrusted_directory(self.directory, self.root)
+        if reason is None:
+            return True
+        self._read_disk = self._write_disk = False
+        logger.warning(
+            "compile cache not trusted: %s; compiling without the cache. Use a cache folder "
+            "of your own (SLOTWISE_CACHE_ROOT or the config's cache_dir) or make it private: "
+            "chmod 700",
+            reason,
+        )
+        return False
+
     def _prepare_directory(self) -> None:
         if self._directory_ready:
             return
-        os.makedirs(self.directory, exist_ok=True)
+        make_private_directories(self.directory)
+        reason = untrusted_directory(self.directory, self.root)
+        if reason is not None:
+            raise PermissionError(f"not trusted: {reason}")
         factors = json.dumps(self.factors, indent=2, sort_keys=True) + "\n"
         _write_atomically(os.path.join(self.directory, FACTORS_FILE), factors.encode("utf-8"))
         self._directory_ready = True

@@ -10,11 +10,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.fx.experimental._config as fx_config
+from torch._dynamo.decorators import mark_unbacked
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from slotwise.compilation.compile_counters import counters
+from slotwise.compilation.compile_lock import compile_lock
 from slotwise.compilation.config import CompilationConfig, CompilationLevel
 from slotwise.compilation.dynamo_backends import GraphCompiler, as_is_backend
+from slotwise.errors import SlotwiseError
 from slotwise.platforms import Platform, get_current_platform
 
 logger = logging.getLogger("slotwise")
@@ -94,6 +97,8 @@ class CompiledForward:
         self.forward = forward
         self.platform = get_current_platform()
         self.config = prepare_config(config, self.platform)
+        # Read now, so a bad SLOTWISE_DISABLE_COMPILE_CACHE fails here and not inside Dynamo.
+        self.config.cache_enabled  # noqa: B018
         self.dynamic_arg_dims = dynamic_arg_dims
         self.signature = inspect.signature(forward)
         self.compiled: Callable[..., Any] | None = None
@@ -123,21 +128,62 @@ class CompiledForward:
         )
 
     def _mark_dynamic(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Mark the dynamic dimensions unbacked: Dynamo and Inductor then reason about
+        them without the first call's value, so a trace made from a first call of size
+        0, 1 or 2 is as general as one made from any other size. ``strict`` turns a
+        model that forces a specialisation into an error instead of a one-size graph."""
         bound = self.signature.bind(self.module, *args, **kwargs)
         for name, dims in self.dynamic_arg_dims.items():
             value = bound.arguments.get(name)
             if isinstance(value, torch.Tensor):
                 for dim in [dims] if isinstance(dims, int) else dims:
-                    torch._dynamo.mark_dynamic(value, dim % value.dim())
+                    mark_unbacked(value, dim % value.dim())
+                    mark_unbacked(value, dim % value.dim(), strict=True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.compiled is not None:
             return self.compiled(*args, **kwargs)
-        self.compiled = self._compile()
-        if self.config.level < CompilationLevel.DYNAMO_ONCE:
-            return self.compiled(*args, **kwargs)
-        self._mark_dynamic(args, kwargs)
-        # The one trace must stay general even when the first call has size 0 or 1,
-        # which Dynamo would otherwise specialise on (and, with guards dropped, keep).
-        with fx_config.patch(backed_size_oblivious=True):
-            return self.compiled(*args, **kwargs)
+        with compile_lock:
+            if self.compiled is not None:  # another thread compiled it meanwhile
+                return self.compiled(*args, **kwargs)
+            return self._first_call(args, kwargs)
+
+    def _first_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        compiled = self._compile()
+        if self.config.level >= CompilationLevel.DYNAMO_ONCE:
+            self._mark_dynamic(args, kwargs)
+        # Kept only once a call through it succeeded: a first call that fails (bad input,
+        # an empty batch) leaves nothing half-compiled behind, and the next call traces.
+        try:
+            result = compiled(*args, **kwargs)
+        except torch._dynamo.exc.UserError as err:
+            if not _depends_on_dynamic_size(err):
+                raise
+            raise SizeSpecializationError(
+                f"{type(self.module).__qualname__}.forward takes a different path depending "
+                f"on the size of a dynamic dimension ({self.dynamic_arg_dims}), so one trace "
+                "cannot serve every size: remove the branch on that size (torch._check "
+                "can state what is always true), leave the argument out of "
+                "dynamic_arg_dims, or compile at level 1, which re-traces per size. "
+                f"Dynamo: {_user_location(err)}"
+            ) from err
+        self.compiled = compiled
+        return result
+
+
+class SizeSpecializationError(SlotwiseError, RuntimeError):
+    """A model whose trace would hold for one size only; slotwise refuses to keep it."""
+
+
+def _depends_on_dynamic_size(err: BaseException) -> bool:
+    """Whether Dynamo failed because the code branched on an unbacked (dynamic) size."""
+    causes = (err.__cause__, err.__context__)
+    return any(isinstance(cause, GuardOnDataDependentSymNode) for cause in causes)
+
+
+def _user_location(err: BaseException) -> str:
+    """The failing expression and the model source line Dynamo names, on one line."""
+    lines = str(err).splitlines()
+    found = [i for i, line in enumerate(lines) if line.strip().startswith('File "')]
+    where = " ".join(lines[found[-1] : found[-1] + 2]).split() if found else []
+    return f"{lines[0] if lines else type(err).__name__} at {' '.join(where)}"

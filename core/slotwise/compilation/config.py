@@ -12,14 +12,16 @@ import argparse
 import copy
 import difflib
 import enum
+import functools
 import hashlib
 import json
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from slotwise import envs
 from slotwise.errors import SlotwiseError
@@ -33,18 +35,39 @@ DEFAULT_SPLITTING_OPS: list[str] = ["slotwise::unified_attention_with_output"]
 #: Largest default capture size when neither ``capture_sizes`` nor a maximum is given.
 DEFAULT_MAX_CAPTURE_SIZE = 512
 DEFAULT_CACHE_DIR = "~/.cache/slotwise/compile"
+#: Largest capture, compile or maximum capture size (tokens in a batch). Graphs beyond it
+#: would not fit in any device's memory, and a typo such as 2000000000 fails at once
+#: instead of deriving a list of a hundred million capture sizes.
+MAX_SIZE = 65536
+#: Most eager warm-up runs before a capture; lazy initialisation needs one or two.
+MAX_GRAPH_WARMUPS = 100
+#: Deepest nesting of lists and objects in an ``inductor_config`` value; Inductor's own
+#: options nest two levels at most, and a list that contains itself would never end.
+MAX_JSON_DEPTH = 16
 
 _OP_NAME = re.compile(r"[A-Za-z_]\w*::[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?")
 _CUSTOM_OP_TOGGLE = re.compile(r"[+-][A-Za-z_][\w.]*")
 _BACKEND_PATH = re.compile(r"[\w.]+:[\w.]+")
+_INDUCTOR_OPTION = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+# NUL ends a C string (a path, an op name) early; a lone surrogate cannot be encoded.
+_UNSAFE_CHAR = re.compile("[\x00\ud800-\udfff]")
 
 
 class ConfigError(SlotwiseError, ValueError):
     """A compilation setting was rejected; the message says which and what would be accepted."""
 
 
+def _show(value: object) -> str:
+    """``repr`` cut to a readable length; some values (a 5000-digit int) have none at all."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        return f"<{type(value).__name__} too large to show>"
+    return text if len(text) <= 200 else f"{text[:200]}..."
+
+
 def _rejected(key: str, value: object, accepted: str) -> ConfigError:
-    return ConfigError(f"compilation config key {key!r}: got {value!r}; accepted: {accepted}")
+    return ConfigError(f"compilation config key {key!r}: got {_show(value)}; accepted: {accepted}")
 
 
 class CompilationLevel(enum.IntEnum):
@@ -63,7 +86,8 @@ class CompilationLevel(enum.IntEnum):
             text = value.strip()
             if text.upper() in cls.__members__:
                 return cls[text.upper()]
-            if re.fullmatch(r"\d+", text):
+            # Short: int() refuses thousands of digits with a ValueError of its own.
+            if re.fullmatch(r"[0-9]{1,9}", text):
                 candidate = int(text)
         if isinstance(candidate, int) and not isinstance(candidate, bool):
             try:
@@ -117,19 +141,28 @@ def _require_list(key: str, value: object, accepted: str) -> list[Any] | tuple[A
     return value
 
 
+def _is_int_in(value: object, low: int, high: int) -> bool:
+    """True ints only: Python counts True as 1, and 2.0, NaN or inf are floats."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _is_clean_text(value: object) -> bool:
+    return isinstance(value, str) and not _UNSAFE_CHAR.search(value)
+
+
 def _sizes(key: str, value: object) -> list[int]:
-    accepted = "a list of positive integers (not booleans)"
+    accepted = f"a list of positive integers up to {MAX_SIZE} (not booleans)"
     sizes: set[int] = set()
     for size in _require_list(key, value, accepted):
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        if not _is_int_in(size, 1, MAX_SIZE):
             raise _rejected(key, size, accepted)
         sizes.add(size)
     return sorted(sizes)
 
 
-def _count(key: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _rejected(key, value, "a non-negative integer (not a boolean)")
+def _count(key: str, value: object, maximum: int) -> int:
+    if not _is_int_in(value, 0, maximum):
+        raise _rejected(key, value, f"a non-negative integer up to {maximum} (not a boolean)")
     return value
 
 
@@ -175,20 +208,39 @@ def _custom_ops(value: object) -> list[str]:
     return entries
 
 
-def _json_data(key: str, value: object) -> Any:
-    """Copy ``value``, insisting on JSON types so to_dict() and compute_hash() are exact."""
-    if value is None or isinstance(value, (str, bool, int, float)):
+def _json_data(key: str, value: object, depth: int = 0) -> Any:
+    """Copy ``value``, insisting on JSON types so to_dict() and compute_hash() are exact.
+
+    NaN is unequal to itself, and json.dumps cannot write inf as JSON nor an int of
+    thousands of digits at all, so numbers must be finite and fit in 64 bits.
+    """
+    if value is None or isinstance(value, bool) or _is_clean_text(value):
         return value
-    if isinstance(value, (list, tuple)):
-        return [_json_data(key, item) for item in value]
-    if isinstance(value, Mapping) and all(isinstance(name, str) for name in value):
-        return {name: _json_data(f"{key}.{name}", item) for name, item in value.items()}
-    raise _rejected(key, value, "JSON data: strings, numbers, booleans, null, lists, objects")
+    if _is_int_in(value, -(2**63), 2**63 - 1) or (
+        isinstance(value, float) and math.isfinite(value)
+    ):
+        return value
+    if depth < MAX_JSON_DEPTH:
+        if isinstance(value, (list, tuple)):
+            return [_json_data(key, item, depth + 1) for item in value]
+        if isinstance(value, Mapping) and all(_is_clean_text(name) for name in value):
+            return {
+                name: _json_data(f"{key}.{name}", item, depth + 1) for name, item in value.items()
+            }
+    accepted = (
+        "JSON data: text without NUL or lone surrogates, finite numbers, 64-bit integers, "
+        f"booleans, null, lists, objects; nested at most {MAX_JSON_DEPTH} deep"
+    )
+    raise _rejected(key, value, accepted)
 
 
 def _inductor_config(value: object) -> dict[str, Any]:
+    accepted = 'an object of Inductor option names ("max_autotune", "triton.cudagraphs") to values'
     if not isinstance(value, Mapping):
-        raise _rejected("inductor_config", value, "an object of Inductor option names to values")
+        raise _rejected("inductor_config", value, accepted)
+    for name in value:
+        if not isinstance(name, str) or not _INDUCTOR_OPTION.fullmatch(name):
+            raise _rejected("inductor_config", name, accepted)
     return _json_data("inductor_config", value)
 
 
@@ -198,6 +250,28 @@ def _default_capture_sizes(max_size: int) -> list[int]:
     return [size for size in candidates if size <= max_size]
 
 
+_Class = TypeVar("_Class", bound=type)
+
+
+def _strict_keywords(cls: _Class) -> _Class:
+    """Make a misspelt keyword a ConfigError with a suggestion, not the dataclass TypeError."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self: object, *args: object, **kwargs: Any) -> None:
+        if args:
+            raise ConfigError(
+                f"{cls.__name__} takes keyword arguments only, got {_show(args)}; "
+                f"{cls.__name__}.coerce() takes a dict, JSON text or a file path"
+            )
+        _check_keys(kwargs)
+        init(self, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+
+@_strict_keywords
 @dataclass(kw_only=True)
 class CompilationConfig:
     """Everything that decides how a model is compiled and which static graphs it captures.
@@ -239,19 +313,20 @@ class CompilationConfig:
         self._resolve_capture_sizes()
         if self.graph_mode is not None:
             self.graph_mode = GraphMode.parse(self.graph_mode)
-        self.graph_warmups = _count("graph_warmups", self.graph_warmups)
+        self.graph_warmups = _count("graph_warmups", self.graph_warmups, MAX_GRAPH_WARMUPS)
         for key in ("use_inductor_graph_partition", "disable_cache", "debug_checks"):
             if not isinstance(getattr(self, key), bool):
                 raise _rejected(key, getattr(self, key), "true or false")
-        if not isinstance(self.cache_dir, str):
-            raise _rejected("cache_dir", self.cache_dir, 'a directory path, or "" for the default')
+        if not _is_clean_text(self.cache_dir):
+            accepted = 'a directory path without NUL or lone surrogates, or "" for the default'
+            raise _rejected("cache_dir", self.cache_dir, accepted)
         self.inductor_config = _inductor_config(self.inductor_config)
 
     def _resolve_capture_sizes(self) -> None:
         derived: set[str] = set()
         limit = self.max_capture_size
         if limit is not None:
-            limit = _count("max_capture_size", limit)
+            limit = _count("max_capture_size", limit, MAX_SIZE)
         if self.capture_sizes is None:
             if limit is None:
                 limit = DEFAULT_MAX_CAPTURE_SIZE
@@ -282,7 +357,12 @@ class CompilationConfig:
     @property
     def cache_enabled(self) -> bool:
         """The environment can switch the cache off without anyone editing the config."""
-        return not self.disable_cache and not envs.flag(ENV_DISABLE_CACHE)
+        if self.disable_cache:
+            return False
+        try:
+            return not envs.flag(ENV_DISABLE_CACHE)
+        except ValueError as err:  # not a boolean; the message names the variable and value
+            raise ConfigError(str(err)) from err
 
     def custom_op_enabled(self, name: str, resolved_backend: str | None = None) -> bool:
         """Whether custom op ``name`` uses its platform kernel rather than ``forward_native``.
@@ -312,7 +392,6 @@ class CompilationConfig:
 
     def replace(self, **changes: Any) -> CompilationConfig:
         """Validated copy with ``changes``; sizes that were defaulted are derived again."""
-        _check_keys(changes)
         data = {key: value for key, value in self.to_dict().items() if key not in self._derived}
         data.update(changes)
         return type(self)(**data)
@@ -335,7 +414,9 @@ class CompilationConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CompilationConfig:
         if not isinstance(data, Mapping):
-            raise ConfigError(f"a compilation config must be a mapping/JSON object, got {data!r}")
+            raise ConfigError(
+                f"a compilation config must be a mapping/JSON object, got {_show(data)}"
+            )
         _check_keys(data)
         return cls(**data)
 
@@ -346,29 +427,27 @@ class CompilationConfig:
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> CompilationConfig:
         """Load a JSON file; ``~`` is expanded."""
-        name = os.path.expanduser(os.fspath(path))
-        try:
-            text = Path(name).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"compilation config file {name!r} does not exist") from None
-        except OSError as err:
-            raise ConfigError(f"cannot read compilation config file {name!r}: {err}") from err
-        data = _json_object(text, f"compilation config file {name!r}")
+        data, shown = _read_json_file(path)
         try:
             return cls.from_dict(data)
         except ConfigError as err:
-            raise ConfigError(f"in {name!r}: {err}") from err
+            raise ConfigError(f"in {shown}: {err}") from err
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CompilationConfig:
         """Read SLOTWISE_COMPILATION_CONFIG: a JSON object or a JSON file's path."""
-        raw = (os.environ if environ is None else environ).get(ENV_CONFIG, "").strip()
-        if not raw:
-            return cls()
-        try:
-            return cls.from_json(raw) if raw.startswith("{") else cls.from_file(raw)
-        except ConfigError as err:
-            raise ConfigError(f"{ENV_CONFIG}: {err}") from err
+        return cls.from_dict(_env_data(environ))
+
+    @classmethod
+    def from_env_and_cli(
+        cls, flags: Iterable[str], environ: Mapping[str, str] | None = None
+    ) -> CompilationConfig:
+        """SLOTWISE_COMPILATION_CONFIG with the ``-O`` flags laid over it key by key:
+        what every command line tool of slotwise builds its config from."""
+        data = _env_data(environ)
+        for flag in flags:
+            _apply_flag(data, flag)
+        return cls.from_dict(data)
 
     @classmethod
     def from_cli(cls, flags: Iterable[str]) -> CompilationConfig:
@@ -398,7 +477,8 @@ class CompilationConfig:
 
     @classmethod
     def from_cli_namespace(cls, namespace: argparse.Namespace) -> CompilationConfig:
-        return cls.from_cli(getattr(namespace, "compilation_config", None) or [])
+        """The environment's config with the namespace's ``-O`` flags over it."""
+        return cls.from_env_and_cli(getattr(namespace, "compilation_config", None) or [])
 
     @classmethod
     def coerce(cls, obj: object) -> CompilationConfig:
@@ -416,7 +496,7 @@ class CompilationConfig:
         if isinstance(obj, (str, os.PathLike)):
             return cls.from_file(obj)
         raise ConfigError(
-            f"cannot build a CompilationConfig from {obj!r}; accepted: None, a "
+            f"cannot build a CompilationConfig from {_show(obj)}; accepted: None, a "
             "CompilationConfig, a dict, a JSON object string, a JSON file path or a level int"
         )
 
@@ -431,44 +511,82 @@ def _check_keys(data: Mapping[Any, Any]) -> None:
 
 
 def _unknown_key(key: object) -> ConfigError:
-    matches = difflib.get_close_matches(str(key), _KEYS, n=1)
+    matches = difflib.get_close_matches(key, _KEYS, n=1) if isinstance(key, str) else []
     hint = f" (did you mean {matches[0]!r}?)" if matches else ""
     return ConfigError(
-        f"unknown compilation config key {key!r}{hint}; accepted keys: {', '.join(_KEYS)}"
+        f"unknown compilation config key {_show(key)}{hint}; accepted keys: {', '.join(_KEYS)}"
     )
+
+
+def _read_json_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
+    """The JSON object in ``path`` (``~`` expanded) and the path as error messages show it."""
+    name = os.path.expanduser(os.fspath(path))
+    shown = _show(name)
+    try:
+        text = Path(name).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"compilation config file {shown} does not exist") from None
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the name, or not UTF-8
+        # strerror leaves out the name, which may be too long to show twice.
+        reason = getattr(err, "strerror", None) or err
+        raise ConfigError(f"cannot read compilation config file {shown}: {reason}") from err
+    return _json_object(text, f"compilation config file {shown}"), shown
+
+
+def _env_data(environ: Mapping[str, str] | None) -> dict[str, Any]:
+    """The settings of SLOTWISE_COMPILATION_CONFIG, checked, as a dict to build on."""
+    raw = (os.environ if environ is None else environ).get(ENV_CONFIG, "").strip()
+    if not raw:
+        return {}
+    try:
+        if raw.startswith("{"):
+            data, where = _json_object(raw, "compilation config JSON"), ""
+        else:
+            data, shown = _read_json_file(raw)
+            where = f"in {shown}: "
+        try:
+            CompilationConfig.from_dict(data)  # checked here, so errors name the variable
+        except ConfigError as err:
+            raise ConfigError(f"{where}{err}") from err
+    except ConfigError as err:
+        raise ConfigError(f"{ENV_CONFIG}: {err}") from err
+    return dict(data)
 
 
 def _json_object(text: object, source: str) -> dict[str, Any]:
     if not isinstance(text, str):
-        raise ConfigError(f"{source} must be a string, got {text!r}")
+        raise ConfigError(f"{source} must be a string, got {_show(text)}")
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{source} is not valid JSON ({err}): {text!r}") from None
+    except (ValueError, RecursionError) as err:  # also too many digits, or too deep
+        raise ConfigError(f"{source} is not valid JSON ({err}): {_show(text)}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{source} must be a JSON object, got {data!r}")
+        raise ConfigError(f"{source} must be a JSON object, got {_show(data)}")
     return data
 
 
 def _apply_flag(data: dict[str, Any], flag: str) -> None:
+    if not isinstance(flag, str):
+        raise ConfigError(f"-O values must be strings, got {_show(flag)}")
     text = flag.strip()
     if text.startswith("{"):
-        data.update(_json_object(text, f"-O {flag!r}"))
+        data.update(_json_object(text, f"-O {_show(flag)}"))
         return
     if not text.startswith("."):
         try:
             data["level"] = CompilationLevel.parse(text)
         except ConfigError:
             raise ConfigError(
-                f"-O {flag!r}: accepted: a level (0-3 or its name), .key=value or a JSON object"
+                f"-O {_show(flag)}: accepted: a level (0-3 or its name), .key=value or a JSON "
+                "object"
             ) from None
         return
     path, equals, raw = text[1:].partition("=")
     if not equals or not path:
-        raise ConfigError(f"-O {flag!r}: accepted: .key=value, e.g. -O.level=3")
+        raise ConfigError(f"-O {_show(flag)}: accepted: .key=value, e.g. -O.level=3")
     try:
         value = json.loads(raw)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         value = raw  # -O.backend=eager: a bare word is a string
     key, dot, option = path.partition(".")
     if key not in _KEYS:
@@ -480,4 +598,6 @@ def _apply_flag(data: dict[str, Any], flag: str) -> None:
         options = data.get(key)
         data[key] = {**(options if isinstance(options, dict) else {}), option: value}
     else:
-        raise ConfigError(f"-O {flag!r}: key {key!r} has no sub-keys; only inductor_config does")
+        raise ConfigError(
+            f"-O {_show(flag)}: key {key!r} has no sub-keys; only inductor_config does"
+        )

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx
 
+from slotwise.compilation.compile_lock import compile_lock
+
 if TYPE_CHECKING:
     from slotwise.compilation.compile_cache import CompileCache
     from slotwise.compilation.config import CompilationConfig
@@ -115,8 +117,13 @@ class CompiledPiecewiseBackend(AbstractPiecewiseBackend):
             return self.general
         compiled = self.by_size.get(size)
         if compiled is None:
-            compiled = self.compile_cache.compile(self.graph, list(args), runtime_shape=size)
-            self.by_size[size] = compiled
+            with compile_lock:
+                compiled = self.by_size.get(size)
+                if compiled is None:
+                    compiled = self.compile_cache.compile(
+                        self.graph, list(args), runtime_shape=size
+                    )
+                    self.by_size[size] = compiled
         return compiled
 
     def __call__(self, *args: Any) -> Any:

@@ -10,7 +10,6 @@ instead of every rank waiting for the rendezvous to time out.  No torch here.
 from __future__ import annotations
 
 import datetime
-import math
 import os
 from dataclasses import dataclass
 
@@ -19,7 +18,9 @@ from slotwise.distributed.errors import DistributedInitError
 
 #: Seconds a rendezvous or collective may take when neither ``timeout=`` nor
 #: SLOTWISE_DIST_TIMEOUT says otherwise (NCCL's own default).
-DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_TIMEOUT_S = envs.DEFAULT_DIST_TIMEOUT_S
+#: The longest timeout accepted: a job stuck for longer is better failed and restarted.
+MAX_TIMEOUT_S = envs.MAX_DIST_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -145,28 +146,19 @@ def _describe(init_method: str | None) -> str:
 
 
 def _timeout_seconds(timeout: float | datetime.timedelta | None) -> float:
+    """``timeout=``, else SLOTWISE_DIST_TIMEOUT, else the default, checked against
+    ``MAX_TIMEOUT_S`` before torch sees it: torch overflows on huge values."""
     if timeout is None:
-        raw = envs.get("SLOTWISE_DIST_TIMEOUT")
-        if raw is None:
-            return DEFAULT_TIMEOUT_S
-        try:
-            seconds = float(raw)
-        except ValueError:
-            seconds = math.nan
-        if not (math.isfinite(seconds) and seconds > 0):
-            raise DistributedInitError(
-                f"SLOTWISE_DIST_TIMEOUT={raw!r} is not a positive number of seconds; "
-                "set for example SLOTWISE_DIST_TIMEOUT=300"
-            )
-        return seconds
+        return envs.dist_timeout()  # raises EnvironmentVariableError for a junk value
+    accepted = f"a finite number of seconds above 0 and at most {MAX_TIMEOUT_S:g} (7 days)"
     seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, (int, float))
-        or not (math.isfinite(seconds) and seconds > 0)
-    ):
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not _in_range(seconds):
         raise DistributedInitError(
-            f"timeout={timeout!r} is not a positive number of seconds; "
+            f"timeout={timeout!r} is not {accepted}; "
             "pass for example timeout=300 or a datetime.timedelta"
         )
     return float(seconds)
+
+
+def _in_range(seconds: float) -> bool:
+    return 0 < seconds <= MAX_TIMEOUT_S  # False for nan; inf is above the maximum

@@ -9,6 +9,7 @@ machines than it must when torchrun numbers ranks node by node.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import re
@@ -47,6 +48,7 @@ class DistributedInfo:
 class _State:
     info: DistributedInfo
     communicators: dict[str, Communicator]
+    world_group: dist.ProcessGroup
     tp_group: dist.ProcessGroup
     #: False when torch.distributed was initialised by someone else, who then owns it.
     owns_default_group: bool
@@ -54,6 +56,7 @@ class _State:
 
 _state: _State | None = None
 _lock = threading.Lock()
+_exit_hook_registered = False
 
 
 def init_distributed(
@@ -76,8 +79,13 @@ def init_distributed(
     every collective.  Calling it again with the same tensor-parallel size returns
     the same answer; anything else needs ``shutdown_distributed()`` first.
     """
-    global _state
+    global _state, _exit_hook_registered
     with _lock:
+        if not _exit_hook_registered:
+            # Groups still open when the interpreter exits make gloo (maybe other backends
+            # too) abort with "terminate called without an active exception".
+            atexit.register(shutdown_distributed)
+            _exit_hook_registered = True
         if _state is not None:
             if tensor_parallel_size == _state.info.tensor_parallel_size:
                 return _state.info
@@ -118,8 +126,10 @@ def init_distributed(
 def shutdown_distributed() -> None:
     """Destroy the communicators and the groups slotwise created; safe to call twice.
 
-    Call it on every rank after the last collective.  A default group created by
-    someone else before ``init_distributed`` is left to its owner.
+    Call it on every rank after the last collective; it also runs at interpreter
+    exit, for programs that do not.  A default group created by someone else before
+    ``init_distributed`` is left to its owner, and groups already destroyed through
+    torch.distributed are skipped.
     """
     global _state
     with _lock:
@@ -128,7 +138,9 @@ def shutdown_distributed() -> None:
         return
     for communicator in state.communicators.values():
         communicator.destroy()
-    if dist.is_initialized():
+    # Another default group, or none, means the user destroyed the one we joined, and
+    # every group with it.
+    if dist.group.WORLD is state.world_group:
         _destroy_groups(state.owns_default_group, state.tp_group)
     logger.info("distributed: shut down rank %d", state.info.rank)
 
@@ -206,9 +218,11 @@ def _build_state(launch: LaunchConfig, backend: str | None) -> _State:
         if owns_default_group:
             _init_default_group(launch, backend, timeout)
         tp_group = _new_tp_group(launch, timeout)
-    except (RuntimeError, ValueError) as error:  # torch.distributed.DistError is a RuntimeError
+    except BaseException as error:  # even Ctrl-C: no half-built group may outlive init
         _destroy_groups(owns_default_group, None)
-        raise _rendezvous_error(launch, error) from error
+        if isinstance(error, (RuntimeError, ValueError)):  # DistError is a RuntimeError
+            raise _rendezvous_error(launch, error) from error
+        raise
     try:
         communicators = {
             name: communicator_cls(group, name=name, device=device, timeout=timeout)
@@ -226,7 +240,7 @@ def _build_state(launch: LaunchConfig, backend: str | None) -> _State:
         backend=dist.get_backend(),
         timeout_s=launch.timeout_s,
     )
-    return _State(info, communicators, tp_group, owns_default_group)
+    return _State(info, communicators, dist.group.WORLD, tp_group, owns_default_group)
 
 
 def _claim_device(platform: Platform, local_rank: int) -> torch.device:

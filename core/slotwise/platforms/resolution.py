@@ -6,8 +6,10 @@ Rules, in order (DESIGN.md):
    top is an error naming both plugins.
 3. Else an ``UnspecifiedPlatform`` that raises ``PlatformNotFoundError`` on use.
 
-Each probe runs at most once per process; platforms below the winner's priority
-are probed only when a report asks for them.
+Each probe runs at most once per process, within SLOTWISE_PROBE_TIMEOUT seconds (a
+hung probe fails its plugin instead of hanging the process).  Platforms below the
+winner's priority are probed only when a report asks for them, and with
+SLOTWISE_PLATFORM set only the named platform is ever probed.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import contextlib
 import importlib
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +27,12 @@ from slotwise import envs
 from slotwise.platforms.errors import PlatformError, PlatformNotFoundError
 from slotwise.platforms.interface import Platform
 from slotwise.platforms.spec import PlatformSpec
-from slotwise.plugins.manager import PluginManager, PluginRecord, get_plugin_manager
+from slotwise.plugins.manager import (
+    PluginManager,
+    PluginRecord,
+    get_plugin_manager,
+    plugin_code,
+)
 
 logger = logging.getLogger("slotwise")
 
@@ -105,11 +112,27 @@ class PlatformResolver:
             del self.entries[name]
 
     def probe(self, entry: PlatformEntry) -> bool:
-        """Run ``entry``'s probe once; True when the platform can run here."""
+        """Run ``entry``'s probe once; True when the platform can run here.
+
+        An interrupt (KeyboardInterrupt, SystemExit) leaves the entry unprobed, so a
+        later resolution asks again.
+        """
         with self._lock:
             if entry.status == "unprobed":
+                seconds = envs.probe_timeout()
                 try:
-                    answer = entry.spec.probe()
+                    with plugin_code(entry.plugin, f"probe of platform {entry.name!r}"):
+                        answer = _call_within(
+                            entry.spec.probe, seconds, f"slotwise-probe-{entry.name}"
+                        )
+                except _ProbeTimeout:
+                    entry.status = "failed"
+                    entry.reason = (
+                        f"probe timed out after {seconds:g} s; if the probe is only slow, "
+                        "raise SLOTWISE_PROBE_TIMEOUT"
+                    )
+                    self.manager.fail(entry.plugin, f"platform {entry.name!r}: {entry.reason}")
+                    return False
                 except Exception as exc:  # noqa: BLE001 - a broken probe is a broken plugin
                     entry.status = "failed"
                     entry.reason = f"probe raised {type(exc).__name__}: {exc}"
@@ -205,11 +228,23 @@ class PlatformResolver:
             f"slotwise found no platform: {found}.{self._plugin_problems()} To fix, {INSTALL_HINT}."
         )
 
+    def _reason(self, entry: PlatformEntry, forced: str | None) -> str:
+        if entry.status == "selected":
+            return entry.reason or self.selection_reason
+        if entry.status == "unprobed" and forced is not None:
+            return f"not probed: SLOTWISE_PLATFORM={forced} names the platform to use"
+        return entry.reason
+
     def report(self) -> list[ReportRow]:
-        """Every plugin and platform with its status; probes what is not probed yet."""
+        """Every plugin and platform with its status.
+
+        Probes what is not probed yet, unless SLOTWISE_PLATFORM names the platform to
+        use: then the others' probes (which may be slow or hang) are of no use.
+        """
+        forced = envs.get("SLOTWISE_PLATFORM")
         rows = []
         for entry in sorted(self.entries.values(), key=lambda e: (-e.spec.priority, e.name)):
-            if entry.status == "unprobed":
+            if entry.status == "unprobed" and forced is None:
                 self.probe(entry)
             record = entry.plugin
             rows.append(
@@ -220,8 +255,7 @@ class PlatformResolver:
                     distribution=record.distribution,
                     version=record.version,
                     status=entry.status,
-                    reason=entry.reason
-                    or (self.selection_reason if entry.status == "selected" else ""),
+                    reason=self._reason(entry, forced),
                     priority=entry.spec.priority,
                     requires_api=entry.spec.requires_api,
                 )
@@ -243,6 +277,36 @@ class PlatformResolver:
         return rows
 
 
+class _ProbeTimeout(Exception):
+    """A probe did not return in time (private: a probe's own TimeoutError is an error)."""
+
+
+def _call_within(func: Callable[[], Any], seconds: float, thread_name: str) -> Any:
+    """``func()``, run in a daemon thread and abandoned after ``seconds``.
+
+    A hung probe cannot be killed, only left behind: as a daemon thread it never keeps
+    the process from exiting.  Whatever ``func`` raises, interrupts included, is raised
+    here in the caller's thread.
+    """
+    outcome: list[tuple[bool, Any]] = []
+
+    def target() -> None:
+        try:
+            outcome.append((True, func()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=target, name=thread_name, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not outcome:
+        raise _ProbeTimeout
+    returned, value = outcome[0]
+    if not returned:
+        raise value
+    return value
+
+
 def _check_specs(specs: Any) -> str:
     """Why ``specs`` is not a valid hook answer, or "" when it is."""
     if specs is None:
@@ -257,6 +321,11 @@ def _check_specs(specs: Any) -> str:
 
 def instantiate(entry: PlatformEntry) -> Platform:
     """Import and construct the selected platform class; errors name the plugin."""
+    with plugin_code(entry.plugin, f"instantiation of platform {entry.name!r}"):
+        return _instantiate(entry)
+
+
+def _instantiate(entry: PlatformEntry) -> Platform:
     module_name, _, qualname = entry.spec.platform_cls.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
@@ -284,7 +353,7 @@ def instantiate(entry: PlatformEntry) -> Platform:
 _resolver: PlatformResolver | None = None
 _resolver_lock = threading.Lock()
 _platform: Platform | None = None
-_error: BaseException | None = None
+_error: Exception | None = None
 _platform_lock = threading.Lock()
 
 
@@ -299,7 +368,8 @@ def get_resolver() -> PlatformResolver:
 def get_current_platform() -> Platform:
     """The platform of this process, resolved once; later calls return the same object.
 
-    A resolution error is remembered and raised again on every later call.
+    A resolution error is remembered and raised again on every later call; an interrupt
+    (KeyboardInterrupt, SystemExit) is not: the next call tries again.
     """
     global _platform, _error
     if _platform is not None:
@@ -309,8 +379,9 @@ def get_current_platform() -> Platform:
             if _error is not None:
                 raise _error
             try:
+                envs.validate_all()
                 _platform = _resolve(get_resolver())
-            except BaseException as exc:
+            except Exception as exc:
                 _error = exc
                 raise
         return _platform

@@ -4,18 +4,25 @@ cannot take the others down.
 pluggy's own ``load_setuptools_entrypoints`` stops at the first plugin that fails to
 import; here every entry point is loaded, registered and called in isolation and
 failures are recorded (and warned about once) per distribution.
+
+Plugin code (imports, hooks, probes) runs inside ``plugin_code``: its prints go to
+stderr, so stdout stays the caller's (``slotwise env --json``), and a change it makes to
+a SLOTWISE_* variable is undone with a warning, so the user's settings stay in force.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib.metadata
 import logging
+import os
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import pluggy
 
@@ -105,7 +112,8 @@ class PluginManager:
                 record.reason = "not in SLOTWISE_PLUGINS=" + ",".join(self.allow)
                 continue
             try:
-                plugin = ep.load()
+                with plugin_code(record, f"import of {ep.value!r}"):
+                    plugin = ep.load()
                 self._pm.register(plugin, name=ep.name)
             except Exception as exc:  # noqa: BLE001 - isolation is the point
                 self.fail(record, f"failed to load {ep.value!r}: {_describe(exc)}")
@@ -187,7 +195,8 @@ class PluginManager:
                 continue
             arguments = kwargs_for(record)
             try:
-                result = impl.function(**{arg: arguments[arg] for arg in impl.argnames})
+                with plugin_code(record, f"hook {hook_name}"):
+                    result = impl.function(**{arg: arguments[arg] for arg in impl.argnames})
             except Exception as exc:  # noqa: BLE001
                 self.fail(record, f"hook {hook_name} raised {_describe(exc)}")
                 continue
@@ -210,8 +219,79 @@ class PluginManager:
         )
 
 
+@contextlib.contextmanager
+def plugin_code(record: PluginRecord, action: str) -> Iterator[None]:
+    """Run plugin code (``action``, e.g. "hook slotwise_platforms") under guard.
+
+    stdout goes to stderr; SLOTWISE_* variables the code changes are put back, with a
+    warning; an interrupt (KeyboardInterrupt, SystemExit) goes through, never swallowed
+    and never silent: the log names the plugin that was running.
+    """
+    before = envs.settings()
+    try:
+        with _stdout_to_stderr():
+            yield
+    except Exception:
+        raise
+    except BaseException as exc:
+        logger.error("%s interrupted by %s during %s", record.label, _describe(exc), action)
+        raise
+    finally:
+        _restore_settings(record, action, before)
+
+
+def _restore_settings(record: PluginRecord, action: str, before: dict[str, str]) -> None:
+    after = envs.settings()
+    for name in sorted(before.keys() | after.keys()):
+        if before.get(name) == after.get(name):
+            continue
+        logger.warning(
+            "%s changed %s from %s to %s during %s; slotwise put back the user's value. "
+            "Plugins must not change SLOTWISE_* variables: fix or uninstall the plugin.",
+            record.label,
+            name,
+            _shown(before.get(name)),
+            _shown(after.get(name)),
+            action,
+        )
+        if name in before:
+            os.environ[name] = before[name]
+        else:
+            del os.environ[name]
+
+
+def _shown(value: str | None) -> str:
+    return "unset" if value is None else repr(value)
+
+
+_stdout_lock = threading.Lock()
+_stdout_users = 0
+_stdout_saved: TextIO | None = None
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """``sys.stdout`` is ``sys.stderr`` inside, for as long as any thread is inside.
+
+    Unlike ``contextlib.redirect_stdout``, safe when threads enter and leave in any
+    order: the first in swaps stdout, the last out puts it back.
+    """
+    global _stdout_users, _stdout_saved
+    with _stdout_lock:
+        if _stdout_users == 0:
+            _stdout_saved, sys.stdout = sys.stdout, sys.stderr
+        _stdout_users += 1
+    try:
+        yield
+    finally:
+        with _stdout_lock:
+            _stdout_users -= 1
+            if _stdout_users == 0:
+                sys.stdout, _stdout_saved = _stdout_saved, None
+
+
 def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _unknown_hooks_message(names: list[str]) -> str:

@@ -65,6 +65,8 @@ class ModelRunner:
             raise ValueError(f"{type(model).__name__} has no slotwise Attention layer")
         self.block_size = layers[0].block_size
         model_config = getattr(model, "config", None)
+        #: None for a model without ``config.vocab_size``: its token ids go unchecked.
+        self.vocab_size: int | None = getattr(model_config, "vocab_size", None)
         self.max_model_len = (
             max_model_len
             or getattr(model_config, "max_position", None)
@@ -196,20 +198,14 @@ class ModelRunner:
     # -- generation ----------------------------------------------------------------
 
     def add_requests(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[Request]:
-        """Reserve cache blocks for each prompt and its continuation."""
-        for index, prompt in enumerate(prompts):
-            if len(prompt) + max_new_tokens > self.max_model_len:
-                raise ValueError(
-                    f"prompt {index} has {len(prompt)} tokens and asks for {max_new_tokens} "
-                    f"more, over max_model_len {self.max_model_len}; shorten it or ask "
-                    "for fewer tokens"
-                )
+        """Reserve cache blocks for each prompt and its continuation, for all or none."""
+        check_prompts(
+            prompts, max_new_tokens, vocab_size=self.vocab_size, max_model_len=self.max_model_len
+        )
+        block_ids = self.allocator.allocate_all([len(p) + max_new_tokens for p in prompts])
         return [
-            Request(
-                tokens=list(prompt),
-                block_ids=self.allocator.allocate(len(prompt) + max_new_tokens),
-            )
-            for prompt in prompts
+            Request(tokens=list(prompt), block_ids=blocks)
+            for prompt, blocks in zip(prompts, block_ids, strict=True)
         ]
 
     def free(self, sequences: Sequence[Request]) -> None:
@@ -217,30 +213,45 @@ class ModelRunner:
             self.allocator.free(sequence.block_ids)
 
     def step(self, sequences: Sequence[Request]) -> torch.Tensor:
-        """Run every sequence's uncached tokens; return the logits of each last token.
+        """Run every sequence's uncached tokens; return the logits of each last token, in
+        the order of ``sequences``.
 
-        Sequences with one new token (decodes) must come before the others.
+        Backends read a batch as [decodes..., prefills...] (see AttentionMetadataBuilder);
+        the step orders it so, whatever order callers keep their sequences in.
         """
-        query_lens = [len(s.tokens) - s.num_cached for s in sequences]
+        if not sequences:
+            raise ValueError("step() got no sequences; an empty batch must not reach the model")
+        # Stable: decodes (one uncached token) first, each group in the caller's order.
+        order = sorted(
+            range(len(sequences)),
+            key=lambda i: len(sequences[i].tokens) - sequences[i].num_cached > 1,
+        )
+        batch = [sequences[i] for i in order]
+        query_lens = [len(s.tokens) - s.num_cached for s in batch]
         input_ids = torch.tensor(
-            [t for s in sequences for t in s.tokens[s.num_cached :]], device=self.device
+            [t for s in batch for t in s.tokens[s.num_cached :]],
+            dtype=torch.long,
+            device=self.device,
         )
         positions = torch.tensor(
-            [p for s in sequences for p in range(s.num_cached, len(s.tokens))], device=self.device
+            [p for s in batch for p in range(s.num_cached, len(s.tokens))],
+            dtype=torch.long,
+            device=self.device,
         )
         metadata = self.metadata_builder.build(
-            query_lens, [s.num_cached for s in sequences], [s.block_ids for s in sequences]
+            query_lens, [s.num_cached for s in batch], [s.block_ids for s in batch]
         )
         hidden = self.execute(
             input_ids, positions, metadata, uniform_decode=all(q == 1 for q in query_lens)
         )
         last = metadata.query_start_loc[1:].long() - 1
-        for sequence in sequences:
+        for sequence in batch:
             sequence.num_cached = len(sequence.tokens)
-        return self.model.compute_logits(hidden[last])
+        logits = self.model.compute_logits(hidden[last])
+        return logits[torch.tensor(order, device=logits.device).argsort()]
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
-        """Greedy continuation of each prompt by ``max_new_tokens`` tokens."""
+        """Greedy continuation of each prompt by ``max_new_tokens`` (at least 1) tokens."""
         sequences = self.add_requests(prompts, max_new_tokens)
         try:
             logits = self.step(sequences)  # the prefill of every prompt
@@ -254,6 +265,37 @@ class ModelRunner:
             return [s.generated for s in sequences]
         finally:
             self.free(sequences)
+
+
+def check_prompts(
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    vocab_size: int | None,
+    max_model_len: int,
+) -> None:
+    """Refuse a batch the model cannot run before it takes cache blocks or reaches the
+    model: there, an out-of-vocabulary id aborts the process under Inductor (and passes
+    silently under tensor parallelism), and an empty input breaks compilation."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens is {max_new_tokens}; ask for at least 1 token")
+    if not prompts:
+        raise ValueError("no prompts to generate from; pass at least one list of token ids")
+    for index, prompt in enumerate(prompts):
+        if not prompt:
+            raise ValueError(f"prompt {index} is empty; give it at least one token id")
+        if vocab_size is not None:
+            for token in prompt:
+                if not 0 <= token < vocab_size:
+                    raise ValueError(
+                        f"prompt {index} has token id {token}, outside the vocabulary of "
+                        f"{vocab_size}; use ids from 0 to {vocab_size - 1}"
+                    )
+        if len(prompt) + max_new_tokens > max_model_len:
+            raise ValueError(
+                f"prompt {index} has {len(prompt)} tokens and asks for {max_new_tokens} "
+                f"more, over max_model_len {max_model_len}; shorten it or ask for fewer tokens"
+            )
 
 
 def compiled_config(model: torch.nn.Module) -> CompilationConfig | None:

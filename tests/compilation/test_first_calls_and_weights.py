@@ -1,0 +1,186 @@
+"""What users vary and a one-model test suite does not: the size of the first call, the
+weights behind one compile cache, a failing first call, and threads.
+
+Each compiled result is compared with the same weights run eagerly.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from slotwise.compilation import (
+    CompilationConfig,
+    SizeSpecializationError,
+    counters,
+    support_torch_compile,
+)
+from slotwise.compilation.compilers import CompiledPiece, EagerCompiler
+from slotwise.models.llama import build_llama
+from slotwise.runner.model_runner import ModelRunner
+from slotwise.testing.toy_models import TOY_SPLITTING_OPS, ToyTransformer
+
+SIZES = (0, 1, 2, 5, 9)
+
+
+def toy_pair(seed: int, config: CompilationConfig) -> tuple[ToyTransformer, ToyTransformer]:
+    """A compiled ToyTransformer with weights from ``seed`` and its eager twin."""
+    torch.manual_seed(seed)
+    compiled = ToyTransformer(compilation_config=config)
+    eager = ToyTransformer(compilation_config=CompilationConfig(level=0))
+    eager.load_state_dict(compiled.state_dict())
+    return compiled, eager
+
+
+def assert_matches_eager(compiled: nn.Module, eager: nn.Module, sizes=SIZES) -> None:
+    for size in sizes:
+        ids = torch.randint(0, 64, (size,))
+        torch.testing.assert_close(compiled(ids), eager(ids), msg=f"size {size}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first_size", [0, 1, 2, 3, 4])
+def test_inductor_pieces_are_general_whatever_the_first_size_and_the_weights(tmp_path, first_size):
+    config = CompilationConfig(
+        level=3, backend="inductor", splitting_ops=TOY_SPLITTING_OPS, cache_dir=str(tmp_path)
+    )
+    for seed in (0, 1):  # the second weight set loads what the first one compiled
+        compiled, eager = toy_pair(seed, config)
+        ids = torch.randint(0, 64, (first_size,))
+        expected_hits = 0 if seed == 0 else 3
+        with counters.expect(num_cache_hits=expected_hits):
+            torch.testing.assert_close(compiled(ids), eager(ids))
+        assert_matches_eager(compiled, eager)
+
+
+LLAMA_PROMPTS = [[1, 5, 9, 3], [7, 7, 2], [42, 11, 100, 3, 4, 5, 6, 7, 8]]
+
+GENERATE_IN_A_NEW_PROCESS = """
+import json, sys
+from slotwise.compilation import CompilationConfig, counters
+from slotwise.models.llama import build_llama
+from slotwise.runner.model_runner import ModelRunner
+config = CompilationConfig(level=3, backend="inductor", cache_dir=sys.argv[1])
+runner = ModelRunner(build_llama("tiny", seed=int(sys.argv[2]), compilation_config=config),
+                     num_blocks=32)
+tokens = runner.generate(json.loads(sys.argv[3]), 6)
+print(json.dumps({"tokens": tokens, "hits": counters.num_cache_hits}))
+"""
+
+
+def llama_tokens(seed: int, config: CompilationConfig, first_prompt=None) -> list[list[int]]:
+    runner = ModelRunner(build_llama("tiny", seed=seed, compilation_config=config), num_blocks=32)
+    if first_prompt is not None:
+        runner.generate([first_prompt], 1)
+    return runner.generate(LLAMA_PROMPTS, 6)
+
+
+@pytest.mark.slow
+def test_two_llama_checkpoints_share_a_cache_after_a_one_token_first_request(tmp_path):
+    eager = {seed: llama_tokens(seed, CompilationConfig(level=0)) for seed in (0, 1)}
+    assert eager[0] != eager[1]
+    config = CompilationConfig(level=3, backend="inductor", cache_dir=str(tmp_path))
+    for seed in (0, 1):
+        assert llama_tokens(seed, config, first_prompt=[17]) == eager[seed], f"seed {seed}"
+    # A later process whose first request has four tokens loads the same artifacts.
+    for seed in (1, 0):
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                textwrap.dedent(GENERATE_IN_A_NEW_PROCESS),
+                str(tmp_path),
+                str(seed),
+                json.dumps([[3, 1, 4, 1], *LLAMA_PROMPTS]),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        loaded = json.loads(result.stdout.splitlines()[-1])
+        assert loaded["hits"] > 0
+        assert loaded["tokens"][1:] == eager[seed], f"seed {seed} in a new process"
+
+
+def test_a_failing_first_call_leaves_the_model_usable():
+    compiled, eager = toy_pair(0, CompilationConfig(level=3, backend="eager"))
+    with pytest.raises(IndexError):
+        compiled(torch.tensor([1, 64]))  # out of the embedding's range
+    with counters.expect(num_models_seen=1):
+        assert_matches_eager(compiled, eager)
+
+
+@support_torch_compile
+class BranchesOnSize(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) * 2 if x.shape[0] == 1 else self.proj(x)
+
+
+@pytest.mark.parametrize("first_size", [1, 3])
+def test_a_model_that_branches_on_the_dynamic_size_is_refused(first_size):
+    model = BranchesOnSize(compilation_config=CompilationConfig(level=3, backend="eager"))
+    with pytest.raises(SizeSpecializationError) as caught:
+        model(torch.randn(first_size, 4))
+    message = str(caught.value)
+    assert "BranchesOnSize.forward takes a different path" in message
+    assert "dynamic_arg_dims" in message
+    assert "x.shape[0] == 1" in message  # the offending line
+
+
+class SlowCountingCompiler(EagerCompiler):
+    """Eager, but slow enough for threads to overlap, counting compiles in flight."""
+
+    lock = threading.Lock()
+    in_flight = 0
+    most_in_flight = 0
+
+    def compile(self, graph, example_inputs, *, runtime_shape):
+        cls = type(self)
+        with cls.lock:
+            cls.in_flight += 1
+            cls.most_in_flight = max(cls.most_in_flight, cls.in_flight)
+        time.sleep(0.05)
+        try:
+            return CompiledPiece(fn=graph.forward)
+        finally:
+            with cls.lock:
+                cls.in_flight -= 1
+
+
+def test_models_built_and_run_in_eight_threads_compile_one_at_a_time():
+    # Size 3 is compiled at its first use, outside Dynamo's own lock.
+    config = CompilationConfig(
+        level=3,
+        backend=f"{__name__}:SlowCountingCompiler",
+        splitting_ops=TOY_SPLITTING_OPS,
+        compile_sizes=[3],
+    )
+    failures: list[str] = []
+
+    def build_and_run(seed: int) -> None:
+        try:
+            compiled, eager = toy_pair(seed, config)
+            assert_matches_eager(compiled, eager, sizes=(3, 1, 6))
+        except Exception as err:  # noqa: BLE001 - reported by the main thread
+            failures.append(f"thread {seed}: {type(err).__name__}: {err}")
+
+    threads = [threading.Thread(target=build_and_run, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert SlowCountingCompiler.most_in_flight == 1
