@@ -5,9 +5,10 @@ Why: every benchmark reports the same way (a JSON file and a Markdown table unde
 ``slotwise.benchmarks`` logger) and summarises noisy timings the same way (medians,
 percentiles).  Keeping that here keeps the scripts about what they measure.
 
-This module imports neither torch nor slotwise, so that a benchmark measuring start-up
-cost can use it without disturbing what it measures.  The scripts are run as files
-(``python benchmarks/<name>.py``), which puts this folder on ``sys.path``.
+This module imports neither torch nor any of slotwise but ``slotwise.stats`` (which
+imports nothing), so that a benchmark measuring start-up cost can use it without
+disturbing what it measures.  The scripts are run as files (``python
+benchmarks/<name>.py``), which puts this folder on ``sys.path``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import argparse
 import importlib.metadata
 import json
 import logging
-import math
 import os
 import platform
 import statistics
@@ -24,6 +24,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from slotwise.stats import percentile
 
 LOG = logging.getLogger("slotwise.benchmarks")
 
@@ -44,14 +46,6 @@ def add_output_args(parser: argparse.ArgumentParser) -> None:
         help="folder for the JSON and Markdown results (default: %(default)s)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linearly interpolated percentile (``q`` in 0..100) of ``values``."""
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def summary(samples: list[float], digits: int = 2) -> dict[str, float]:

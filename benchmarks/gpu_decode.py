@@ -78,7 +78,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if not current_platform.supports_static_graph:
+    if current_platform.get_graph_api() is None:
         raise SystemExit(
             f"gpu_decode needs a platform with static graphs (cuda), not {current_platform.name}"
         )

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from slotwise.version import API_VERSION, __version__
 
-#: Version of the plugin API.  Plugins declare the range they support in
-#: ``PlatformSpec.requires_api``; see docs/api-versioning.md for the policy.
-API_VERSION = "1.0"
+__all__ = ["API_VERSION", "__version__", "compile", "current_platform"]
 
 if TYPE_CHECKING:
     from slotwise.platforms import Platform

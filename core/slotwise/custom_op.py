@@ -16,9 +16,7 @@ is decided once, at construction:
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
-import re
 import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -27,6 +25,7 @@ from torch import nn
 
 from slotwise.compilation.context import get_current_compilation_config
 from slotwise.errors import SlotwiseError
+from slotwise.import_path import check_import_path, resolve_import_path
 from slotwise.platforms import get_current_platform
 
 logger = logging.getLogger("slotwise")
@@ -58,11 +57,13 @@ class CustomOpRegistry:
                 f"known ops: {known}"
             )
         if isinstance(implementation, str):
-            if not _FUNCTION_PATH.match(implementation):
-                raise CustomOpError(
-                    f"replacement {implementation!r} for {op_name!r} must be a "
-                    "'module:function' string or a function"
-                )
+            check_import_path(
+                implementation,
+                f"replacement for custom op {op_name!r}",
+                fix="give a 'module:function' string such as 'slotwise_myvendor.ops:rms_norm'"
+                ", or the function itself",
+                error=CustomOpError,
+            )
         elif not callable(implementation):
             raise CustomOpError(f"replacement for {op_name!r} must be callable")
         self._entries[(op_name, platform)] = implementation
@@ -84,15 +85,13 @@ class CustomOpRegistry:
     def lookup(self, op_name: str, platform: str) -> Implementation | None:
         entry = self._entries.get((op_name, platform))
         if isinstance(entry, str):
-            module_name, _, attribute = entry.partition(":")
-            try:
-                entry = getattr(importlib.import_module(module_name), attribute)
-            except (ImportError, AttributeError) as exc:
-                raise CustomOpError(
-                    f"replacement {entry!r} for custom op {op_name!r} on platform "
-                    f"{platform!r} (from {self._sources.get((op_name, platform), 'a plugin')}) "
-                    f"cannot be loaded: {type(exc).__name__}: {exc}"
-                ) from exc
+            entry = resolve_import_path(
+                entry,
+                what=f"replacement for custom op {op_name!r} on platform {platform!r} from "
+                f"{self._sources.get((op_name, platform), 'a plugin')}",
+                fix="fix or uninstall the plugin that registers it",
+                error=CustomOpError,
+            )
             self._entries[(op_name, platform)] = entry
         return entry
 
@@ -100,30 +99,21 @@ class CustomOpRegistry:
         return sorted(self._entries)
 
 
-_FUNCTION_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _registry: CustomOpRegistry | None = None
 _registry_lock = threading.Lock()
 
 
 def get_custom_op_registry() -> CustomOpRegistry:
-    """The process's registry, filled by the plugins' hooks on first use.
-
-    Each plugin registers into a registry of its own, merged only when its hook
-    succeeds: a plugin that fails half-way leaves no replacement behind.
-    """
+    """The process's registry, filled by the plugins' hooks on first use."""
     global _registry
     with _registry_lock:
         if _registry is None:
             import slotwise.layers  # noqa: F401 - defines the core ops replacements may name
             from slotwise.plugins import get_plugin_manager
 
-            registry = CustomOpRegistry()
-            manager = get_plugin_manager()
-            for record, staged in manager.register_each(
+            _registry = get_plugin_manager().register_all(
                 "slotwise_register_custom_ops", CustomOpRegistry
-            ):
-                registry.merge(staged, record.label)
-            _registry = registry
+            )
         return _registry
 
 

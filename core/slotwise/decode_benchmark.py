@@ -1,6 +1,7 @@
 """Decode-step latency of a model under several compilation variants: the main job.
 
-Every variant builds the same seeded model, prefills the same prompts and then
+Every variant builds the same seeded model (a preset, or the checkpoint folder
+passed where a preset's name goes), prefills the same prompts and then
 times one decode step (one new token for each of ``batch`` requests) many times.
 Ratios are taken within one run, on one machine, with variants interleaved per
 batch size so that noise from a shared machine hits them alike.
@@ -13,14 +14,17 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from slotwise.compilation.config import CompilationConfig, GraphMode
-from slotwise.models.llama import build_llama
+from slotwise.compilation.graph_modes import supported_graph_modes
+from slotwise.models.llama import PRESETS, LlamaConfig, LlamaForCausalLM, build_llama
 from slotwise.platforms import get_current_platform
 from slotwise.runner.model_runner import ModelRunner, Request
+from slotwise.stats import percentile
 
 logger = logging.getLogger("slotwise")
 
@@ -80,22 +84,60 @@ class BenchmarkResult:
         return asdict(self)
 
 
-def variants_for_platform(requested: Sequence[str] | None) -> list[str]:
-    """The requested variants (default: all that make sense on this platform)."""
+def variants_for_platform(
+    requested: Sequence[str] | None, preset: str, dtype: torch.dtype = torch.float32
+) -> list[str]:
+    """The requested variants (default: all that make sense on this platform); a graph
+    variant needs its graph mode among those the platform and the model's attention
+    backend support (``supported_graph_modes``)."""
     platform = get_current_platform()
     names = list(requested or DEFAULT_VARIANTS)
     unknown = [name for name in names if name not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
-    if not platform.supports_static_graph:
-        for name in [name for name in names if name in GRAPH_VARIANTS]:
-            if requested:
-                raise ValueError(
-                    f"variant {name!r} needs static graphs, which platform "
-                    f"{platform.name} does not have; drop it from --variants"
-                )
-            names.remove(name)
-    return names
+    shape = model_shape(preset)
+    backend = platform.get_attention_backend_cls(
+        head_size=shape.head_size, dtype=dtype, block_size=shape.block_size
+    )
+    supported = supported_graph_modes(platform, backend)
+    unsupported = [n for n in names if GRAPH_VARIANTS.get(n, GraphMode.NONE) not in supported]
+    if unsupported and requested:
+        name = unsupported[0]
+        raise ValueError(
+            f"variant {name!r} needs static graphs in graph_mode={GRAPH_VARIANTS[name].name}, "
+            f"which platform {platform.name} with attention backend {backend.get_name()} "
+            "does not support "
+            f"(it supports {', '.join(mode.name for mode in supported)}); drop it from --variants"
+        )
+    return [name for name in names if name not in unsupported]
+
+
+def model_shape(model: str) -> LlamaConfig:
+    """The shape of ``model``: a preset's name, or a checkpoint folder (its config.json)."""
+    if model in PRESETS:
+        return PRESETS[model]
+    from slotwise.models.hf_config import HFConfig
+    from slotwise.models.registry import model_class
+
+    hf = HFConfig.read(Path(model))
+    return model_class(hf).config_from_hf(hf)
+
+
+def build_model(
+    model: str, *, dtype: torch.dtype, compilation_config: CompilationConfig
+) -> LlamaForCausalLM:
+    """A preset with seeded random weights, or the checkpoint in folder ``model``."""
+    if model in PRESETS:
+        return build_llama(
+            model,
+            seed=0,
+            dtype=dtype,
+            device=get_current_platform().device_type,
+            compilation_config=compilation_config,
+        )
+    from slotwise.models import load_model
+
+    return load_model(model, dtype=dtype, compilation_config=compilation_config)
 
 
 def _variant_config(name: str, base: CompilationConfig, batch_sizes: Sequence[int]) -> Any:
@@ -122,13 +164,7 @@ def setup_variant(
 ) -> VariantSetup:
     """Build, compile (first call) and capture one variant; time both."""
     config = _variant_config(name, base, batch_sizes)
-    model = build_llama(
-        preset,
-        seed=0,
-        dtype=dtype,
-        device=get_current_platform().device_type,
-        compilation_config=config,
-    )
+    model = build_model(preset, dtype=dtype, compilation_config=config)
     if name.startswith("torch.compile"):
         mode = name.partition(":")[2] or None
         model.model.forward = torch.compile(model.model.forward, fullgraph=True, mode=mode)
@@ -192,11 +228,6 @@ class DecodeStep:
         return time.perf_counter() - start
 
 
-def _percentile(samples: list[float], fraction: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
-
-
 def run_benchmark(
     preset: str,
     batch_sizes: Sequence[int],
@@ -209,7 +240,7 @@ def run_benchmark(
     progress: bool = True,
     dtype: torch.dtype = torch.float32,
 ) -> BenchmarkResult:
-    names = variants_for_platform(variants)
+    names = variants_for_platform(variants, preset, dtype)
     if "eager" not in names:
         names.insert(0, "eager")  # the reference for speedups and logit differences
     platform = get_current_platform()
@@ -250,7 +281,7 @@ def run_benchmark(
                     variant=setup.name,
                     batch_size=batch,
                     p50_ms=p50 * 1e3,
-                    p90_ms=_percentile(samples[setup.name], 0.9) * 1e3,
+                    p90_ms=percentile(samples[setup.name], 90) * 1e3,
                     tokens_per_second=batch / p50,
                     speedup_vs_eager=eager_p50 / p50,
                     max_abs_logit_diff=(logits[setup.name] - logits["eager"]).abs().max().item(),

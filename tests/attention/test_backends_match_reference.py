@@ -2,7 +2,8 @@
 
 Each case fills a cache whose block tables are shuffled, writes the cached context
 by hand, runs one step (with two padding rows past the real tokens) and checks the
-output against ``reference_attention`` and the cache against the tokens written.
+output against the conformance kit's ``causal_attention`` and the cache against the
+tokens written.
 Backends that may be captured in full graphs are also run on the metadata layouts of
 ``StaticAttentionMetadata``, where the padding rows are requests on a scratch block.
 """
@@ -17,11 +18,11 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from attention_reference import reference_attention
 from triton_support import ON_GPU, helpers_interpreted, import_interpreted, interpreting
 
 from slotwise.attention import Attention, AttentionBackend, GraphSupport, StaticAttentionMetadata
 from slotwise.forward_context import set_forward_context
+from slotwise.testing.conformance.reference_attention import causal_attention
 from slotwise_ascend_stub.attention import AscendStubReferenceBackend
 from slotwise_cpu.attention import CpuSdpaBackend
 from slotwise_cuda.attention import TritonPagedBackend
@@ -156,7 +157,7 @@ def run_case(
     assert out.shape == (num_tokens + PADDING, num_heads * head_size)
     expected = torch.cat(
         [
-            reference_attention(q.to(dtype), k.to(dtype), v.to(dtype), scale)
+            causal_attention(q.to(dtype), k.to(dtype), v.to(dtype), scale)
             for q, k, v in zip(step.queries, step.keys, step.values, strict=True)
         ]
     )

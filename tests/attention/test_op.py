@@ -7,7 +7,6 @@ import itertools
 
 import pytest
 import torch
-from attention_reference import reference_attention
 
 from slotwise.attention import (
     UNIFIED_ATTENTION_OP,
@@ -18,6 +17,7 @@ from slotwise.attention import (
 )
 from slotwise.compilation.config import DEFAULT_SPLITTING_OPS
 from slotwise.forward_context import set_forward_context
+from slotwise.testing.conformance.reference_attention import causal_attention
 from slotwise_cpu.attention import CpuSdpaBackend
 
 HEADS, KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 4, 2, 16, 8
@@ -70,7 +70,7 @@ def test_layer_matches_the_reference_on_a_prefill():
     q, k, v = torch.randn(5, HEADS * HEAD_SIZE), torch.randn(5, 32), torch.randn(5, 32)
     with set_forward_context(metadata_for([5])):
         out = model.attn[0](q, k, v)
-    expected = reference_attention(
+    expected = causal_attention(
         q.view(5, HEADS, HEAD_SIZE), k.view(5, KV_HEADS, HEAD_SIZE), v.view(5, KV_HEADS, -1), 0.25
     )
     torch.testing.assert_close(

@@ -109,7 +109,9 @@ def test_no_fit_lists_every_backend_and_why_it_was_rejected():
     assert "platform 'npu'" in lines[0] and "head_size=80" in lines[0]
     assert lines[1].strip().startswith("NARROW") and "head size 80 not in" in lines[1]
     assert lines[2].strip().startswith("BLOCKY") and "block size 16 not in (128)" in lines[2]
-    assert "no_such_module_xyz:Backend: cannot import: ModuleNotFoundError" in lines[3]
+    assert lines[3].strip().startswith("no_such_module_xyz:Backend: ")
+    assert "cannot import module 'no_such_module_xyz'" in lines[3]
+    assert "ModuleNotFoundError" in lines[3]
 
 
 def test_platform_without_backends_says_so():
@@ -241,3 +243,40 @@ def test_a_broken_backend_hook_fails_its_plugin_only(dists):
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[:3] == ["FAST_CPU", "CPU_SDPA", "FAST_CPU"]
     assert "slotwise-broken" in result.stderr and "backend hook exploded" in result.stderr
+
+
+HALF_REGISTERED = """
+    from slotwise.plugins import hookimpl
+
+    @hookimpl
+    def slotwise_register_attention_backends(registry):
+        registry.register("cpu", "fastcpu_backend:FastCpuBackend", priority=10)
+        raise RuntimeError("half-way")
+"""
+TYPO = """
+    from slotwise.plugins import hookimpl
+
+    @hookimpl
+    def slotwise_register_attention_backends(registry):
+        registry.register("cpu", "no_such_module_xyz:Backend", priority=20)
+"""
+LOAD_EACH = """
+from slotwise.attention.registry import AttentionBackendError, get_attention_backend_registry
+for entry in get_attention_backend_registry().entries("cpu"):
+    try:
+        print(entry.load().get_name())
+    except AttentionBackendError as exc:
+        print(exc)
+"""
+
+
+def test_a_plugin_failing_half_way_leaves_no_backend_and_a_broken_one_names_its_plugin(dists):
+    dists.add("slotwise-half", HALF_REGISTERED)
+    dists.add("slotwise-typo", TYPO, version="0.3")
+    (dists.root / "fastcpu_backend.py").write_text(FAST_CPU_BACKEND)
+    result = dists.run(LOAD_EACH, SLOTWISE_PLATFORM="cpu")
+    assert result.returncode == 0, result.stderr
+    typo, *others = result.stdout.splitlines()
+    assert others == ["CPU_SDPA"]  # nothing of slotwise-half
+    assert typo.startswith("attention backend for platform 'cpu' from plugin 'slotwise_typo'")
+    assert "slotwise-typo 0.3" in typo and "cannot import module 'no_such_module_xyz'" in typo

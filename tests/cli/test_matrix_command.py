@@ -33,7 +33,7 @@ def vendor_plugin(
     *,
     graph_support: str = "ALWAYS",
     platform_cls: str = "VendorPlatform",
-    wrapper: str = "return Wrapper",
+    graph_api: str = "return GraphApi()",
     broken_backend: bool = False,
 ) -> str:
     """A plugin whose static-graph platform ``name`` is never available on this machine."""
@@ -46,18 +46,17 @@ def vendor_plugin(
 
         NAME = {name!r}
 
-        class Wrapper:
+        class GraphApi:
             pass
 
         class VendorPlatform(Platform):
             name = NAME
             device_type = "cpu"
             dist_backend = "vendorccl"
-            supports_static_graph = True
             custom_op_key = "oot"
 
-            def get_static_graph_wrapper_cls(self, **kwargs):
-                {wrapper}
+            def get_graph_api(self, **kwargs):
+                {graph_api}
 
             def get_communicator_cls(self, **kwargs):
                 self._not_implemented("get_communicator_cls")
@@ -138,17 +137,19 @@ def test_markdown_is_a_well_formed_table():
 
 
 @pytest.mark.parametrize(
-    "graph_support, modes",
+    "graph_support, graph_api, modes",
     [
-        ("ALWAYS", ["NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE"]),
-        ("UNIFORM_DECODE", ["NONE", "PIECEWISE", "FULL_AND_PIECEWISE"]),
-        ("PIECEWISE_ONLY", ["NONE", "PIECEWISE"]),
+        ("ALWAYS", "return GraphApi()", ["NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE"]),
+        ("UNIFORM_DECODE", "return GraphApi()", ["NONE", "PIECEWISE", "FULL_AND_PIECEWISE"]),
+        ("PIECEWISE_ONLY", "return GraphApi()", ["NONE", "PIECEWISE"]),
+        ("ALWAYS", "return None", ["NONE"]),  # no GraphAPI: no static graphs at all
     ],
 )
 def test_unavailable_vendor_platform_is_described_and_full_graphs_need_attention_support(
-    dists, graph_support, modes
+    dists, graph_support, graph_api, modes
 ):
-    dists.add("slotwise-vendor", vendor_plugin("vendor", graph_support=graph_support))
+    plugin = vendor_plugin("vendor", graph_support=graph_support, graph_api=graph_api)
+    dists.add("slotwise-vendor", plugin)
     result = matrix_in(dists, "matrix", "--json")
     assert result.returncode == 0, result.stderr
     vendor = next(p for p in json.loads(result.stdout)["platforms"] if p["name"] == "vendor")
@@ -165,37 +166,39 @@ def test_unavailable_vendor_platform_is_described_and_full_graphs_need_attention
 def test_broken_plugins_show_errors_in_their_cells_and_the_rest_still_prints(dists):
     dists.add("slotwise-noclass", vendor_plugin("noclass", platform_cls="Missing"))
     dists.add(
-        "slotwise-nowrapper",
+        "slotwise-nographs",
         vendor_plugin(
-            "nowrapper", wrapper="raise RuntimeError('wrapper exploded')", broken_backend=True
+            "nographs", graph_api="raise RuntimeError('graphs exploded')", broken_backend=True
         ),
     )
     result = matrix_in(dists, "matrix")
     assert result.returncode == 0, result.stderr
     rows = table_rows(result.stdout)
     noclass = rows["feature"].index("noclass")
-    nowrapper = rows["feature"].index("nowrapper")
+    nographs = rows["feature"].index("nographs")
     cpu = rows["feature"].index("cpu")
     assert rows["graph modes"][noclass] == "error, see notes"
     assert rows["communicator"][noclass] == "error, see notes"
     assert rows["attention backends"][noclass] == "VENDOR_ATTN"
-    assert rows["graph modes"][nowrapper] == "error, see notes"
-    assert rows["attention backends"][nowrapper].startswith("VENDOR_ATTN, no_such_module:Backend")
+    assert rows["graph modes"][nographs] == "error, see notes"
+    assert rows["attention backends"][nographs].startswith("VENDOR_ATTN, no_such_module:Backend")
     assert rows["graph modes"][cpu] == "NONE"
     assert "noclass platform: PlatformError" in result.stdout
-    assert "cannot import 'slotwise_noclass:Missing'" in result.stdout
-    assert "nowrapper graph modes: RuntimeError: wrapper exploded" in result.stdout
-    assert "nowrapper attention backend no_such_module:Backend: ModuleNotFoundError" in (
+    assert "cannot get 'Missing' from module 'slotwise_noclass'" in result.stdout
+    assert "nographs graph modes: RuntimeError: graphs exploded" in result.stdout
+    assert "nographs attention backend no_such_module:Backend: AttentionBackendError" in (
         result.stdout
     )
+    assert "cannot import module 'no_such_module'" in result.stdout
 
 
 def test_json_stays_json_when_a_plugin_prints(dists):
-    source = vendor_plugin("vendor", wrapper="print('vendor: wrapper asked'); return Wrapper")
-    source = source.replace("class Wrapper:", "print('vendor: imported')\n\n        class Wrapper:")
+    source = vendor_plugin("vendor", graph_api="print('vendor: graphs asked'); return GraphApi()")
+    imported = "print('vendor: imported')\n\n        class GraphApi:"
+    source = source.replace("class GraphApi:", imported)
     dists.add("slotwise-vendor", source)
     result = matrix_in(dists, "matrix", "--json")
     assert result.returncode == 0, result.stderr
     vendor = next(p for p in json.loads(result.stdout)["platforms"] if p["name"] == "vendor")
     assert vendor["errors"] == {}
-    assert "vendor: imported" in result.stderr and "vendor: wrapper asked" in result.stderr
+    assert "vendor: imported" in result.stderr and "vendor: graphs asked" in result.stderr

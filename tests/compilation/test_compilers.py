@@ -77,7 +77,7 @@ def test_make_compiler_imports_a_third_party_subclass(tmp_path, monkeypatch):
     assert compiler.compute_hash() == ""
     with pytest.raises(ConfigError, match=r"'backend'.*vendor_compiler:NotACompiler.*not a"):
         make_compiler("vendor_compiler:NotACompiler", config)
-    with pytest.raises(ConfigError, match=r"'backend'.*has no 'Missing'.*module:Class"):
+    with pytest.raises(ConfigError, match=r"'backend'.*cannot get 'Missing'.*module:Class"):
         make_compiler("vendor_compiler:Missing", config)
 
 

@@ -363,6 +363,11 @@ def test_cli_errors(flag: str, fragment: str) -> None:
         ({"backend": "aot_eager"}, ["'backend'", "'aot_eager'", '"inductor"', "module:Class"]),
         ({"backend": "pkg:"}, ["'backend'", "'pkg:'", "module:Class"]),
         ({"debug_checks": 1}, ["'debug_checks'", "1", "true or false"]),
+        ({"graph_copy_inputs": "yes"}, ["'graph_copy_inputs'", "'yes'", "true or false"]),
+        (
+            {"graph_copy_inputs": True, "use_inductor_graph_partition": True},
+            ["'graph_copy_inputs'", "True", "false with use_inductor_graph_partition"],
+        ),
         ({"disable_cache": "true"}, ["'disable_cache'", "'true'", "true or false"]),
         ({"cache_dir": None}, ["'cache_dir'", "None", "directory path"]),
         ({"inductor_config": [1]}, ["'inductor_config'", "[1]", "Inductor option"]),
@@ -608,6 +613,7 @@ def test_hash_changes_with_compiled_code(change: dict[str, object]) -> None:
     [
         {"cache_dir": "/tmp/elsewhere"},
         {"debug_checks": True},
+        {"graph_copy_inputs": True},
         {"disable_cache": True},
         {"graph_warmups": 5},
         {"capture_sizes": [1, 2]},

@@ -50,6 +50,7 @@ PLAUSIBLE: dict[str, list[object]] = {
     "disable_cache": [True, False],
     "inductor_config": [{}, {"max_autotune": True}, {"triton.cudagraphs": False, "x": [1, {}]}],
     "debug_checks": [True, False],
+    "graph_copy_inputs": [True, False],
 }
 JUNK_FLAGS = ["3", "fast", "{", ".level", ".level.x=1", "", "-O3", '{"level": 1}', "{1: 2}"]
 

@@ -54,23 +54,33 @@ OFF_BY_ONE_ATTENTION = """
             return OffByOneImpl
 """
 
-#: A CPU platform that claims static graphs, served by ``RememberingBackend``.
+#: A CPU platform that claims static graphs and runs its pieces in its own backend,
+#: ``RememberingBackend``, which never uses the graph API.
 STALE_GRAPHS_PLUGIN = """
     from slotwise.platforms import PlatformSpec
     from slotwise.plugins import hookimpl
     from slotwise_cpu.platform import CpuPlatform
 
+    class UnusedGraphApi:
+        def new_graph(self):
+            raise NotImplementedError
+
+        def pool(self):
+            return "the one pool"
+
+        def weak_ref(self, outputs):
+            return outputs
+
     class StaleGraphsPlatform(CpuPlatform):
         name = "stale_graphs"
-        supports_static_graph = True
+
+        def get_graph_api(self, **kwargs):
+            return UnusedGraphApi()
 
         def get_piecewise_backend_cls(self, **kwargs):
             from remembering_graphs import RememberingBackend
 
             return RememberingBackend
-
-        def graph_pool(self, **kwargs):
-            return "the one pool"
 
     @hookimpl
     def slotwise_platforms():
@@ -86,7 +96,7 @@ STALE_GRAPHS_PLUGIN = """
 #: returning them: it never reads the inputs again, nor checks their addresses.
 REMEMBERING_GRAPHS = """
     from slotwise.compilation import CompiledPiecewiseBackend, GraphMode, counters
-    from slotwise.compilation.static_graph import runtime_graph_mode
+    from slotwise.compilation.graph_modes import step_graph_mode
 
     class RememberingBackend(CompiledPiecewiseBackend):
         def __init__(self, graph, config, **kwargs):
@@ -96,7 +106,7 @@ REMEMBERING_GRAPHS = """
 
         def __call__(self, *args):
             size = self.runtime_size(args)
-            if runtime_graph_mode(self.config, size) != GraphMode.PIECEWISE:
+            if step_graph_mode(self.config, size) != GraphMode.PIECEWISE:
                 return super().__call__(*args)
             if size in self.remembered:
                 return self.remembered[size]

@@ -34,7 +34,7 @@ def test_cli_passes_on_cpu():
     assert result.returncode == 0, result.stderr[-5000:]
     assert summary["passed"] is True
     assert outcomes(summary) == CPU_OUTCOMES
-    assert "supports_static_graph is False" in messages(summary, "static_graphs")
+    assert "get_graph_api() returns None" in messages(summary, "static_graphs")
 
 
 def test_pytest_option_passes_on_cpu_in_a_folder_without_tests(tmp_path: Path):

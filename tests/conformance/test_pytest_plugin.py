@@ -62,7 +62,7 @@ def test_with_the_option_the_suite_replaces_the_default_test_paths(tmp_path: Pat
         tmp_path, "-q", "--slotwise-conformance", "-k", "interface", SLOTWISE_PLATFORM="cpu"
     )
     assert result.returncode == 0, result.stdout
-    assert "4 passed" in result.stdout
+    assert "5 passed" in result.stdout
     assert "test_user.py" not in result.stdout
 
 

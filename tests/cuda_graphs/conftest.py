@@ -1,15 +1,14 @@
-"""The CUDA plugin's graph backends on the CPU, through the stub NPU's graph API.
+"""slotwise's static-graph wrappers on the CPU, through the stub NPU's graph API.
 
-That API keeps the static-graph contract: a replay recomputes the captured work from
-the captured input tensors and writes into the captured output storage, so a test
-sees exactly what a real graph does: new data in a captured buffer is picked up, a
+That API keeps the contract of a device graph: a replay recomputes the captured
+work from the captured input tensors and writes into the captured output storage,
+so a test sees exactly what a real graph does: new data in a captured buffer is picked up, a
 new tensor elsewhere is not.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Any
 
 import pytest
@@ -17,16 +16,13 @@ import triton_support  # noqa: F401  (first: Triton picks its interpreter at imp
 
 from slotwise.platforms import Platform, use_platform
 from slotwise_ascend_stub.graphs import StubNpuGraphAPI
-from slotwise_cuda.graph_wrapper import CudaGraphWrapper
-from slotwise_cuda.piecewise_backend import CudaPiecewiseBackend
 
 
 class CpuGraphPlatform(Platform):
-    """A graph platform running the CUDA plugin's backends on the CPU."""
+    """A graph platform on the CPU: the stub NPU's graph API, the CPU's attention."""
 
     name = "cpu_graphs"
     device_type = "cpu"
-    supports_static_graph = True
     default_compile_backend = "eager"
 
     def __init__(self, api: StubNpuGraphAPI, attention_backend: type | None = None) -> None:
@@ -34,17 +30,11 @@ class CpuGraphPlatform(Platform):
         self.api = api
         self.attention_backend = attention_backend
 
-    def get_piecewise_backend_cls(self, **kwargs: Any) -> Any:
-        return functools.partial(CudaPiecewiseBackend, graph_api=self.api)
-
-    def get_static_graph_wrapper_cls(self, **kwargs: Any) -> Any:
-        return functools.partial(CudaGraphWrapper, graph_api=self.api)
-
-    def graph_pool(self, **kwargs: Any) -> Any:
-        return self.api.pool()
+    def get_graph_api(self, **kwargs: Any) -> StubNpuGraphAPI:
+        return self.api
 
     def synchronize(self, **kwargs: Any) -> None:
-        self.api.synchronize()
+        return None
 
     def get_attention_backend_cls(self, selected: str | None = None, **requirements: Any) -> type:
         from slotwise_cpu.attention import CpuSdpaBackend

@@ -1,4 +1,4 @@
-"""The CUDA plugin's capture bookkeeping, run on the CPU with an injected graph API."""
+"""slotwise's static-graph bookkeeping, run on the CPU with the stub NPU's graph API."""
 
 from __future__ import annotations
 
@@ -167,3 +167,33 @@ def test_a_stub_replay_sees_what_the_capture_read_on_the_host(graph_api):
     with set_forward_context("at replay"):
         graph.replay()
     assert seen == ["at capture", "at capture"]
+
+
+def test_graph_mode_none_never_captures_whatever_the_forward_context_says(graph_api):
+    model, reference = models(graph_config(graph_mode="NONE"))
+    buffer = torch.randn(2, 8)
+    with counters.expect(num_graphs_captured=0):
+        for mode in ("PIECEWISE", "FULL", "PIECEWISE", "PIECEWISE"):
+            with set_forward_context(None, graph_mode=mode):
+                torch.testing.assert_close(model(buffer), reference(buffer))
+    assert graph_api.captures == []
+
+
+@pytest.mark.parametrize("graph_mode, graphs_per_size", [("PIECEWISE", 3), ("FULL", 1)])
+def test_graph_copy_inputs_takes_fresh_tensors_every_call(graph_api, graph_mode, graphs_per_size):
+    model, reference = models(graph_config(graph_mode=graph_mode, graph_copy_inputs=True))
+    with counters.expect(num_graphs_captured=2 * graphs_per_size):
+        for size in (1, 2):
+            for _ in range(4):  # warm-up, capture, two replays: a new tensor every time
+                x = torch.randn(size, 8)
+                torch.testing.assert_close(model(x), reference(x))
+
+
+def test_graph_copy_inputs_still_checks_the_tensors_it_does_not_copy(graph_api):
+    model, _ = models(graph_config(graph_copy_inputs=True))
+    for _ in range(2):
+        model(torch.randn(2, 8))
+    with torch.no_grad():
+        model.proj_in.weight.data = model.proj_in.weight.data.clone()  # a weight moves
+    with pytest.raises(StaticGraphError, match="piece 0 of 3, capture size 2: argument"):
+        model(torch.randn(2, 8))

@@ -67,6 +67,14 @@ def test_fresh_tensor_raises_on_first_replay(cuda_platform):
         model(torch.randn(2, 8, device="cuda"))
 
 
+def test_graph_copy_inputs_takes_a_fresh_tensor_every_call(cuda_platform):
+    model, reference = cuda_models(graph_copy_inputs=True)
+    with counters.expect(num_graphs_captured=3):
+        for _ in range(4):  # warm-up, capture, two replays
+            x = torch.randn(2, 8, device="cuda")
+            torch.testing.assert_close(model(x), reference(x))
+
+
 def test_full_graph_on_cuda(cuda_platform):
     model, reference = cuda_models(graph_mode="FULL")
     buffer = torch.randn(2, 8, device="cuda")

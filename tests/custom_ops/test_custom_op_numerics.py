@@ -1,6 +1,7 @@
 """Every CPU implementation of the core ops agrees with ``forward_native`` and with an
 independent reference written here, so switching platform or setting never changes a
-model's numbers beyond rounding.
+model's numbers beyond rounding.  For RMSNorm that includes the ascend stub plugin's
+replacement.
 
 The Triton implementations are checked in test_custom_op_triton.py.
 """
@@ -11,6 +12,8 @@ import pytest
 import torch
 
 from slotwise.layers import RMSNorm, RotaryEmbedding, SiluAndMul
+from slotwise.layers.layernorm import norm_with_residual
+from slotwise_ascend_stub import custom_ops as ascend_stub_ops
 
 #: (atol, rtol) per dtype: fp32 differs only in summation order, bf16 by about one ulp.
 TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 1.6e-2)}
@@ -38,6 +41,13 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return (x64 / rms * weight.double()).to(x.dtype)
 
 
+#: RMSNorm's CPU methods and a plugin's replacement, each called as ``f(layer, x, ...)``.
+RMS_NORMS = {
+    **{name: getattr(RMSNorm, name) for name in cpu_implementations(RMSNorm)},
+    "ascend_stub_replacement": ascend_stub_ops.rms_norm,
+}
+
+
 def make_rms_norm(hidden: int, dtype: torch.dtype, seed: int) -> RMSNorm:
     gen = torch.Generator().manual_seed(seed)
     layer = RMSNorm(hidden, eps=1e-5)
@@ -47,13 +57,13 @@ def make_rms_norm(hidden: int, dtype: torch.dtype, seed: int) -> RMSNorm:
 
 
 @DTYPES
-@pytest.mark.parametrize("method", cpu_implementations(RMSNorm))
+@pytest.mark.parametrize("method", RMS_NORMS)
 @pytest.mark.parametrize("hidden", [64, 80])
 def test_rms_norm_without_residual(method, dtype, hidden):
     layer = make_rms_norm(hidden, dtype, seed=hidden)
     x = (torch.randn(3, 5, hidden, generator=torch.Generator().manual_seed(1)) * 3).to(dtype)
     original = x.clone()
-    out = getattr(layer, method)(x)
+    out = RMS_NORMS[method](layer, x)
     assert out.shape == x.shape
     assert_close(out, layer.forward_native(x))
     assert_close(out, rms_norm_reference(x, layer.weight, layer.eps))
@@ -61,7 +71,7 @@ def test_rms_norm_without_residual(method, dtype, hidden):
 
 
 @DTYPES
-@pytest.mark.parametrize("method", cpu_implementations(RMSNorm))
+@pytest.mark.parametrize("method", RMS_NORMS)
 def test_rms_norm_adds_the_residual_first_and_returns_the_sum(method, dtype):
     hidden = 64
     layer = make_rms_norm(hidden, dtype, seed=2)
@@ -69,7 +79,7 @@ def test_rms_norm_adds_the_residual_first_and_returns_the_sum(method, dtype):
     x = torch.randn(7, hidden, generator=gen).to(dtype)
     residual = torch.randn(7, hidden, generator=gen).to(dtype)
     inputs = (x.clone(), residual.clone())
-    normed, new_residual = getattr(layer, method)(x, residual)
+    normed, new_residual = RMS_NORMS[method](layer, x, residual)
     native_normed, native_residual = layer.forward_native(x, residual)
     summed = x + residual
     assert torch.equal(new_residual, summed) and torch.equal(native_residual, summed)
@@ -78,10 +88,21 @@ def test_rms_norm_adds_the_residual_first_and_returns_the_sum(method, dtype):
     assert torch.equal(x, inputs[0]) and torch.equal(residual, inputs[1])
 
 
-@pytest.mark.parametrize("method", cpu_implementations(RMSNorm))
+@pytest.mark.parametrize("method", RMS_NORMS)
 def test_rms_norm_of_no_tokens_is_empty(method):
     layer = RMSNorm(16)
-    assert getattr(layer, method)(torch.empty(0, 16)).shape == (0, 16)
+    assert RMS_NORMS[method](layer, torch.empty(0, 16)).shape == (0, 16)
+
+
+def test_norm_with_residual_applies_the_norm_to_the_sum_and_returns_the_sum():
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return 2 * x
+
+    x, residual = torch.tensor([1.0, 2.0]), torch.tensor([10.0, 20.0])
+    assert torch.equal(norm_with_residual(double, x, None), torch.tensor([2.0, 4.0]))
+    normed, summed = norm_with_residual(double, x, residual)
+    assert torch.equal(normed, torch.tensor([22.0, 44.0]))
+    assert torch.equal(summed, torch.tensor([11.0, 22.0]))
 
 
 # -- SiluAndMul ------------------------------------------------------------------------

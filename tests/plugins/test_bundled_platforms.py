@@ -19,7 +19,7 @@ def test_cpu_platform_counts_the_cpus_this_process_may_use():
     assert cpu.total_memory() > 256 * 1024**2
     assert 0 < cpu.current_memory_usage() < cpu.total_memory()
     assert cpu.get_device_name()
-    assert cpu.dist_backend == "gloo" and cpu.supports_static_graph is False
+    assert cpu.dist_backend == "gloo" and cpu.get_graph_api() is None
     with pytest.raises(ValueError, match="does not exist"):
         cpu.set_device(cpu.device_count())
 
@@ -91,6 +91,7 @@ def test_ascend_stub_devices_follow_the_variable(monkeypatch):
     npu = AscendStubPlatform()
     assert npu.device_count() == 3
     assert npu.device_control_env_var == "SLOTWISE_ASCEND_STUB_DEVICES"
-    assert npu.supports_static_graph is True
+    graph_api = npu.get_graph_api()
+    assert graph_api is not None and npu.get_graph_api() is graph_api  # one pool per process
     with pytest.raises(ValueError, match="SLOTWISE_ASCEND_STUB_DEVICES=3"):
         npu.set_device(3)

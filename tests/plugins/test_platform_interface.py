@@ -14,10 +14,8 @@ class MinimalPlatform(Platform):
 
 def test_subclass_setting_only_name_and_device_type_instantiates():
     platform = MinimalPlatform()
-    assert platform.device_name == "minimal"
-    assert platform.supports_static_graph is False
-    assert platform.get_static_graph_wrapper_cls() is None
-    assert platform.graph_pool() is None
+    assert platform.get_graph_api() is None  # no static graphs
+    assert platform.get_piecewise_backend_cls() is None  # slotwise's piecewise backend
 
 
 @pytest.mark.parametrize(
@@ -44,21 +42,13 @@ def test_methods_tolerate_unknown_keyword_arguments():
             return 3
 
     assert Counting().device_count(future_requirement=True) == 3
-    assert MinimalPlatform().get_static_graph_wrapper_cls(new_option=1) is None
+    assert MinimalPlatform().get_graph_api(new_option=1) is None
 
 
 def test_default_communicator_runs_on_torch_distributed():
     from slotwise.distributed import Communicator
 
     assert MinimalPlatform().get_communicator_cls() is Communicator
-
-
-def test_graph_platform_must_provide_its_pool():
-    class GraphPlatform(MinimalPlatform):
-        supports_static_graph = True
-
-    with pytest.raises(NotImplementedError, match="graph_pool"):
-        GraphPlatform().graph_pool()
 
 
 def test_subclass_without_name_is_rejected_with_the_missing_attributes():

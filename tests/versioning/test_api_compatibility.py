@@ -10,10 +10,7 @@ import json
 
 import pytest
 
-import slotwise
 from slotwise import api_versioning
-from slotwise.platforms import Platform
-from slotwise.plugins import hookspecs
 
 PLUGIN_FOR_1_0 = """
     from slotwise.platforms import Platform, PlatformSpec
@@ -62,14 +59,3 @@ def test_plugin_for_1_0_is_reported_incompatible_at_2_0(dists):
 def test_removal_version_is_the_next_major():
     assert api_versioning.removal_version("1.1") == "2.0"
     assert api_versioning.removal_version("2.13") == "3.0"
-
-
-def test_rename_tables_point_at_names_that_exist_in_this_major_version():
-    """Guards future edits: a rename's new name must exist, and the old one must not."""
-    major = slotwise.API_VERSION.split(".")[0]
-    for old, (new, since) in api_versioning.RENAMED_HOOKS.items():
-        assert hasattr(hookspecs, new) and not hasattr(hookspecs, old)
-        assert since.split(".")[0] == major
-    for old, (new, since) in api_versioning.RENAMED_PLATFORM_METHODS.items():
-        assert hasattr(Platform, new) and not hasattr(Platform, old)
-        assert since.split(".")[0] == major

@@ -1,8 +1,7 @@
 """A platform method renamed in a minor version keeps working under its old name, with a warning.
 
 No method has been renamed in API 1.0, so each test puts a rename into the table as a
-future minor version would: ``get_graph_wrapper_cls`` as the old name of
-``get_static_graph_wrapper_cls``.
+future minor version would: ``get_graphs`` as the old name of ``get_graph_api``.
 """
 
 from __future__ import annotations
@@ -14,11 +13,14 @@ import pytest
 from slotwise import api_versioning
 from slotwise.platforms import Platform
 
-OLD, NEW = "get_graph_wrapper_cls", "get_static_graph_wrapper_cls"
+OLD, NEW = "get_graphs", "get_graph_api"
 
 
-class Wrapper:
-    """Stands in for a static-graph wrapper class."""
+class GraphApi:
+    """Stands in for a platform's GraphAPI."""
+
+
+GRAPH_API = GraphApi()
 
 
 @pytest.fixture
@@ -38,10 +40,10 @@ def test_method_under_the_old_name_answers_to_the_new_one_and_warns_once(renamed
             name = "legacy"
             device_type = "cpu"
 
-            def get_graph_wrapper_cls(self, **kwargs):
-                return Wrapper
+            def get_graphs(self, **kwargs):
+                return GRAPH_API
 
-    assert LegacyPlatform().get_static_graph_wrapper_cls() is Wrapper
+    assert LegacyPlatform().get_graph_api() is GRAPH_API
     [warning] = deprecations(record)
     message = str(warning.message)
     assert "LegacyPlatform" in message and OLD in message and NEW in message
@@ -58,13 +60,13 @@ def test_subclass_defining_both_names_keeps_the_new_one(renamed):
             name = "updated"
             device_type = "cpu"
 
-            def get_graph_wrapper_cls(self, **kwargs):
+            def get_graphs(self, **kwargs):
                 return None
 
-            def get_static_graph_wrapper_cls(self, **kwargs):
-                return Wrapper
+            def get_graph_api(self, **kwargs):
+                return GRAPH_API
 
-    assert UpdatedPlatform().get_static_graph_wrapper_cls() is Wrapper
+    assert UpdatedPlatform().get_graph_api() is GRAPH_API
     [warning] = deprecations(record)
     assert f"{OLD}() is ignored" in str(warning.message)
 
@@ -77,14 +79,14 @@ def test_inheriting_a_renamed_method_does_not_warn_again(renamed):
             name = "legacy"
             device_type = "cpu"
 
-            def get_graph_wrapper_cls(self, **kwargs):
-                return Wrapper
+            def get_graphs(self, **kwargs):
+                return GRAPH_API
 
         class LegacyChild(LegacyPlatform):
             name = "child"
 
     assert len(deprecations(record)) == 1
-    assert LegacyChild().get_static_graph_wrapper_cls() is Wrapper
+    assert LegacyChild().get_graph_api() is GRAPH_API
 
 
 def test_platform_without_old_names_defines_quietly(renamed):
@@ -95,4 +97,4 @@ def test_platform_without_old_names_defines_quietly(renamed):
             name = "modern"
             device_type = "cpu"
 
-    assert ModernPlatform().get_static_graph_wrapper_cls() is None
+    assert ModernPlatform().get_graph_api() is None

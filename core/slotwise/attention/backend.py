@@ -22,9 +22,8 @@ if TYPE_CHECKING:
 class GraphSupport(enum.Enum):
     """Which static-graph modes (CUDA graphs, NPU graphs) a backend tolerates."""
 
-    #: Must never be captured: the backend synchronises or allocates on every call.
-    NEVER = "never"
-    #: Runs eagerly between captured pieces (the attention op is a splitting op).
+    #: Runs eagerly between captured pieces (the attention op is a splitting op), never
+    #: inside a graph: what a backend that synchronises or allocates per call declares.
     PIECEWISE_ONLY = "piecewise_only"
     #: May also be captured inside a FULL graph of a uniform-decode batch (one new
     #: token per request), laid out by ``StaticAttentionMetadata.uniform_decode``:

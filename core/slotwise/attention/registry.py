@@ -8,16 +8,17 @@ is imported only when a selection looks at it, so registering costs nothing.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import itertools
-import re
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 from slotwise.attention.backend import AttentionBackend
+from slotwise.errors import SlotwiseError
+from slotwise.import_path import check_import_path, resolve_import_path
 
-_CLASS_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+class AttentionBackendError(SlotwiseError, ValueError):
+    """No attention backend can serve a layer, or the one asked for cannot."""
 
 
 @dataclass
@@ -29,8 +30,10 @@ class BackendEntry:
     priority: int
     #: Registration order; breaks priority ties so selection is deterministic.
     order: int
+    #: The plugin that registered it, for error messages; "" when registered directly.
+    source: str = ""
     _loaded: type[AttentionBackend] | None = field(default=None, repr=False)
-    _error: Exception | None = field(default=None, repr=False)
+    _error: AttentionBackendError | None = field(default=None, repr=False)
 
     @property
     def label(self) -> str:
@@ -40,12 +43,21 @@ class BackendEntry:
 
     def load(self) -> type[AttentionBackend]:
         """The backend class, imported on first use; a failure is remembered and re-raised."""
+        if not isinstance(self.backend, str):
+            return self.backend  # register() checked the class
         if self._error is not None:
             raise self._error
         if self._loaded is None:
             try:
-                self._loaded = _resolve(self.backend)
-            except Exception as exc:
+                self._loaded = resolve_import_path(
+                    self.backend,
+                    what=f"attention backend for platform {self.platform!r}"
+                    + (f" from {self.source}" if self.source else ""),
+                    fix="fix or uninstall the plugin that registers it",
+                    expected_type=AttentionBackend,
+                    error=AttentionBackendError,
+                )
+            except AttentionBackendError as exc:
                 self._error = exc
                 raise
         return self._loaded
@@ -63,11 +75,12 @@ class AttentionBackendRegistry:
     ) -> None:
         """Offer ``backend`` on ``platform_name``; higher ``priority`` is tried first."""
         if isinstance(backend, str):
-            if not _CLASS_PATH.match(backend):
-                raise ValueError(
-                    f"attention backend {backend!r} must be a 'module:Class' string, "
-                    "e.g. 'slotwise_myvendor.attention:MyBackend', or the class itself"
-                )
+            check_import_path(
+                backend,
+                f"attention backend for platform {platform_name!r}",
+                fix="give a 'module:Class' string such as 'slotwise_myvendor.attention:MyBackend'"
+                ", or the class itself",
+            )
         elif not (isinstance(backend, type) and issubclass(backend, AttentionBackend)):
             raise TypeError(
                 f"attention backend {backend!r} must be an AttentionBackend subclass "
@@ -77,27 +90,15 @@ class AttentionBackendRegistry:
             raise TypeError(f"priority of {backend!r} must be an int, got {priority!r}")
         self._entries.append(BackendEntry(platform_name, backend, priority, next(self._order)))
 
-    def merge(self, other: AttentionBackendRegistry) -> None:
-        """Take ``other``'s registrations (one plugin's), after the ones already here."""
+    def merge(self, other: AttentionBackendRegistry, source: str) -> None:
+        """Take ``other``'s registrations (plugin ``source``'s), after the ones already here."""
         for entry in other._entries:
-            self._entries.append(dataclasses.replace(entry, order=next(self._order)))
+            self._entries.append(dataclasses.replace(entry, order=next(self._order), source=source))
 
     def entries(self, platform_name: str | None = None) -> list[BackendEntry]:
         """Registrations for ``platform_name`` (all when None), highest priority first."""
         chosen = [e for e in self._entries if platform_name in (None, e.platform)]
         return sorted(chosen, key=lambda e: (-e.priority, e.order))
-
-
-def _resolve(backend: type[AttentionBackend] | str) -> type[AttentionBackend]:
-    obj: Any = backend
-    if isinstance(backend, str):
-        module_name, _, qualname = backend.partition(":")
-        obj = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    if not (isinstance(obj, type) and issubclass(obj, AttentionBackend)):
-        raise TypeError(f"{obj!r} is not a subclass of slotwise.attention.AttentionBackend")
-    return obj
 
 
 _registry: AttentionBackendRegistry | None = None
@@ -111,13 +112,7 @@ def get_attention_backend_registry() -> AttentionBackendRegistry:
         if _registry is None:
             from slotwise.plugins import get_plugin_manager
 
-            # Each plugin registers into a registry of its own, kept only if its hook
-            # succeeds: a plugin failing half-way leaves no backend behind.
-            registry = AttentionBackendRegistry()
-            manager = get_plugin_manager()
-            for _, staged in manager.register_each(
+            _registry = get_plugin_manager().register_all(
                 "slotwise_register_attention_backends", AttentionBackendRegistry
-            ):
-                registry.merge(staged)
-            _registry = registry
+            )
         return _registry

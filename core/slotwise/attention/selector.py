@@ -16,19 +16,15 @@ from typing import Any
 from slotwise import envs
 from slotwise.attention.backend import AttentionBackend
 from slotwise.attention.registry import (
+    AttentionBackendError,
     AttentionBackendRegistry,
     BackendEntry,
     get_attention_backend_registry,
 )
-from slotwise.errors import SlotwiseError
 
 logger = logging.getLogger("slotwise")
 
 _announced: set[tuple[str, str]] = set()
-
-
-class AttentionBackendError(SlotwiseError, ValueError):
-    """No attention backend can serve a layer, or the one asked for cannot."""
 
 
 def select_attention_backend(
@@ -62,8 +58,8 @@ def select_attention_backend(
     for entry in entries:
         try:
             backend = entry.load()
-        except Exception as exc:  # noqa: BLE001 - a broken backend must not hide the others
-            rejected.append(f"{entry.label}: cannot import: {type(exc).__name__}: {exc}")
+        except AttentionBackendError as exc:  # a broken backend must not hide the others
+            rejected.append(f"{entry.label}: {exc}")
             continue
         reasons = backend.validate(**requirements)
         if not reasons:
@@ -92,8 +88,8 @@ def _named(
     for entry in entries:
         try:
             backend = entry.load()
-        except Exception as exc:  # noqa: BLE001
-            known.append(f"{entry.label} (cannot import: {type(exc).__name__}: {exc})")
+        except AttentionBackendError as exc:
+            known.append(f"{entry.label} ({exc})")
             continue
         if backend.get_name().upper() == name.strip().upper():
             return backend

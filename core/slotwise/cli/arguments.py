@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 
 
@@ -17,6 +18,29 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
             value = None
         if value is None or value < minimum:
             raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+def float_in(
+    low: float, high: float = math.inf, *, low_open: bool = False
+) -> Callable[[str], float]:
+    """An argparse type accepting finite numbers from ``low`` (excluded with
+    ``low_open``) to ``high``, refusing the rest (and nan) at parse time."""
+    if high == math.inf:
+        accepted = f"a number {'>' if low_open else '>='} {low:g}"
+    else:
+        accepted = f"a number in {'(' if low_open else '['}{low:g}, {high:g}]"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        too_low = value <= low if low_open else value < low
+        if not math.isfinite(value) or too_low or value > high:
+            raise argparse.ArgumentTypeError(f"expected {accepted}, got {text!r}")
         return value
 
     return parse

@@ -12,7 +12,8 @@ from slotwise.errors import SlotwiseError
 
 
 class BenchArgumentError(SlotwiseError):
-    """An argument only the preset can judge; main() reports it like argparse (exit 2)."""
+    """An argument only the preset (or checkpoint) can judge; main() reports it like
+    argparse (exit 2)."""
 
 
 def add_parser(commands: Any, name: str) -> None:
@@ -22,8 +23,15 @@ def add_parser(commands: Any, name: str) -> None:
         name,
         help="measure decode-step latency: eager, level 3, level 3 with graphs, torch.compile",
     )
-    parser.add_argument(
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
         "--preset", default="small", help="model preset (tiny, small, llama-3.2-1b)"
+    )
+    source.add_argument(
+        "--model",
+        metavar="DIR",
+        default=None,
+        help="a Hugging Face checkpoint folder to measure instead of a preset",
     )
     parser.add_argument(
         "--batch-sizes",
@@ -75,20 +83,26 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def _check_preset(preset: str, prompt_len: int) -> None:
-    """The preset exists and holds a prompt of ``prompt_len`` and one decoded token."""
+def _check_preset(preset: str, model: str | None, prompt_len: int) -> None:
+    """The preset exists (or the checkpoint's config.json can be read) and holds a prompt
+    of ``prompt_len`` and one decoded token."""
+    from slotwise.decode_benchmark import model_shape
     from slotwise.models.llama import PRESETS
 
-    if preset not in PRESETS:
+    if model is None and preset not in PRESETS:
         raise BenchArgumentError(
             f"argument --preset: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}"
         )
-    limit = PRESETS[preset].max_position - 1
+    limit = model_shape(model or preset).max_position - 1
     if prompt_len > limit:
         raise BenchArgumentError(
-            f"argument --prompt-len: preset {preset} holds prompts of 1 to {limit} tokens "
-            f"(and one decoded token), got {prompt_len}"
+            f"argument --prompt-len: {_described(preset, model)} holds prompts of 1 to {limit} "
+            f"tokens (and one decoded token), got {prompt_len}"
         )
+
+
+def _described(preset: str, model: str | None) -> str:
+    return f"preset {preset}" if model is None else f"model {model}"
 
 
 def render(result: dict[str, Any]) -> str:
@@ -118,7 +132,8 @@ def render(result: dict[str, Any]) -> str:
         for m in result["measurements"]
     ]
     title = (
-        f"slotwise bench: preset {result['preset']} on {result['platform']}, "
+        f"slotwise bench: {_described(result['preset'], result['model'])} on "
+        f"{result['platform']}, "
         f"tensor parallel {result['tensor_parallel_size']}, torch {result['torch']}, "
         f"{result['iterations']} steps per variant"
     )
@@ -129,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     from slotwise.compilation.config import CompilationConfig
 
     config = CompilationConfig.from_cli_namespace(args)  # checked before torch loads
-    _check_preset(args.preset, args.prompt_len)
+    _check_preset(args.preset, args.model, args.prompt_len)
     from slotwise.decode_benchmark import run_benchmark
 
     if args.threads is not None:
@@ -144,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         rank = init_distributed(tensor_parallel_size=args.tp).rank
     try:
         result = run_benchmark(
-            args.preset,
+            args.model or args.preset,
             args.batch_sizes,
             config,
             variants=variants,
@@ -160,6 +175,9 @@ def run(args: argparse.Namespace) -> int:
 
             shutdown_distributed()
     result["tensor_parallel_size"] = args.tp
+    if args.model is not None:  # run_benchmark named the folder "preset"
+        result["preset"] = None
+    result["model"] = args.model
     if rank == 0:
         print(json.dumps(result, indent=2) if args.json else render(result))
     return 0

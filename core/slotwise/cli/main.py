@@ -7,12 +7,19 @@ import logging
 import sys
 
 from slotwise import envs
-from slotwise.cli import bench_command, conformance_command, env_command, matrix_command
+from slotwise.cli import (
+    bench_command,
+    conformance_command,
+    env_command,
+    generate_command,
+    matrix_command,
+)
 from slotwise.errors import EnvironmentVariableError, SlotwiseError
 
 SUBCOMMANDS = {
     "env": env_command,
     "bench": bench_command,
+    "generate": generate_command,
     "matrix": matrix_command,
     "conformance": conformance_command,
 }

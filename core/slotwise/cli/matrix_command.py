@@ -61,7 +61,8 @@ def _describe(entry: PlatformEntry, status: str, reason: str) -> dict[str, Any]:
 
     errors: dict[str, str] = {}
     platform = _ask(errors, "platform", lambda: instantiate(entry))
-    backends = _ask(errors, "attention_backends", lambda: _attention_backends(entry.name))
+    listed = _ask(errors, "attention_backends", lambda: _attention_backends(entry.name))
+    backends, classes = listed or (None, [])
     loaded = [b for b in backends or [] if "error" not in b]
     data: dict[str, Any] = {
         "name": entry.name,
@@ -79,7 +80,7 @@ def _describe(entry: PlatformEntry, status: str, reason: str) -> dict[str, Any]:
         "custom_ops": _ask(errors, "custom_ops", lambda: _custom_ops(entry.name)),
     }
     if platform is not None:
-        data["graph_modes"] = _ask(errors, "graph_modes", lambda: _graph_modes(platform, loaded))
+        data["graph_modes"] = _ask(errors, "graph_modes", lambda: _graph_modes(platform, classes))
         data["communicator"] = _ask(errors, "communicator", lambda: _communicator(platform))
         data["compile_backend"] = platform.default_compile_backend
         data["custom_op_key"] = platform.custom_op_key
@@ -96,14 +97,16 @@ def _ask(errors: dict[str, str], key: str, question: Callable[[], Any]) -> Any:
         return None
 
 
-def _attention_backends(platform_name: str) -> list[dict[str, Any]]:
-    """The backends registered for the platform, by priority; one that fails to load says why."""
+def _attention_backends(platform_name: str) -> tuple[list[dict[str, Any]], list[type]]:
+    """The backends registered for the platform, by priority, described (one that fails to
+    load says why), and the classes of those that load."""
     from slotwise.attention.registry import get_attention_backend_registry
 
-    backends = []
+    backends, classes = [], []
     for entry in get_attention_backend_registry().entries(platform_name):
         try:
             cls = entry.load()
+            classes.append(cls)
             backend = {
                 "name": cls.get_name(),
                 "class": entry.label,
@@ -116,33 +119,23 @@ def _attention_backends(platform_name: str) -> list[dict[str, Any]]:
         except Exception as exc:  # noqa: BLE001 - shown in the backend's place
             backend = {"class": entry.label, "error": f"{type(exc).__name__}: {exc}"}
         backends.append(backend)
-    return backends
+    return backends, classes
 
 
 def _listing(values: tuple[int, ...] | None) -> list[int] | None:
     return None if values is None else list(values)
 
 
-def _graph_modes(platform: Platform, backends: list[dict[str, Any]]) -> list[str]:
-    """The ``GraphMode``s a model compiled for this platform can run in.
+def _graph_modes(platform: Platform, attention_backends: list[type]) -> list[str]:
+    """The ``GraphMode``s a model can run in on this platform with one of its attention
+    backends (``supported_graph_modes``): FULL modes need a backend that may be captured."""
+    from slotwise.compilation.config import GraphMode
+    from slotwise.compilation.graph_modes import supported_graph_modes
 
-    FULL graphs capture attention too, so they also need a backend that allows it:
-    for every batch (FULL), or for uniform decodes (FULL_AND_PIECEWISE).
-    """
-    from slotwise.attention.backend import GraphSupport
-
-    modes = ["NONE"]
-    if not platform.supports_static_graph:
-        return modes
-    modes.append("PIECEWISE")
-    if platform.get_static_graph_wrapper_cls() is None:
-        return modes
-    supports = [GraphSupport(b["graph_support"]) for b in backends if "graph_support" in b]
-    if any(support.captures(uniform_decode_only=False) for support in supports):
-        modes.append("FULL")
-    if any(support.captures(uniform_decode_only=True) for support in supports):
-        modes.append("FULL_AND_PIECEWISE")
-    return modes
+    modes = {GraphMode.NONE}.union(
+        *(supported_graph_modes(platform, cls) for cls in attention_backends)
+    )
+    return [mode.name for mode in GraphMode if mode in modes]
 
 
 def _communicator(platform: Platform) -> dict[str, Any]:

@@ -11,7 +11,6 @@ import abc
 import copy
 import dataclasses
 import hashlib
-import importlib
 import json
 import logging
 import platform
@@ -26,6 +25,7 @@ from torch.utils import _pytree as pytree
 
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.config import CompilationConfig, ConfigError
+from slotwise.import_path import resolve_import_path
 
 logger = logging.getLogger("slotwise")
 
@@ -144,10 +144,14 @@ class InductorCompiler(Compiler):
         from torch._inductor import standalone_compile
 
         flat_graph, spec = _flat_output_graph(graph)
+        dynamic_shapes = _dynamic_shapes_source(runtime_shape)
+        inputs = list(example_inputs)
+        if dynamic_shapes == "from_tracing_context":
+            inputs = _traced_fakes(inputs)
         artifact = standalone_compile(
             flat_graph,
-            list(example_inputs),
-            dynamic_shapes=_dynamic_shapes_source(runtime_shape),
+            inputs,
+            dynamic_shapes=dynamic_shapes,
             options={"config_patches": dict(self.options)},
             donate_graph_module=flat_graph is not graph,
         )
@@ -187,6 +191,37 @@ def _dynamic_shapes_source(runtime_shape: int | None) -> str:
     if TracingContext.try_get() is not None:
         return "from_tracing_context"
     return "from_graph"
+
+
+def _traced_fakes(example_inputs: list[Any]) -> list[Any]:
+    """``example_inputs`` with every real tensor replaced by the fake tensor Dynamo traced.
+
+    Dynamo hands its backend the first call's real tensors (the FX split path hands each
+    piece fakes instead). ``standalone_compile(dynamic_shapes="from_tracing_context")``
+    reuses the ambient fake mode and its ShapeEnv but opens a new TracingContext, without
+    Dynamo's record of how each input was faked, so AOTAutograd fakes a real tensor anew:
+    a fresh, sourceless symbol for every dimension, weights included. Inductor's guards on
+    those symbols then land in Dynamo's ShapeEnv, where building the frame's guards fails
+    (``IndexError`` in ``produce_guards_verbose``), and a forced backward compile fails on
+    them too; only a warm Inductor cache, which skips the tracing, hid it. A tensor Dynamo
+    did not record is made static, as plain ``torch.compile`` keeps weights.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    context = TracingContext.get()
+    fake_mode = context.fake_mode
+    traced: list[Any] = []
+    for value in example_inputs:
+        if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+            symbolic = context.tensor_to_context.get(value)
+            if symbolic is None:
+                value = fake_mode.from_tensor(value, static_shapes=True)
+            else:
+                value = fake_mode.from_tensor(
+                    value, symbolic_context=symbolic, source=symbolic.tensor_source, trace=False
+                )
+        traced.append(value)
+    return traced
 
 
 def _output_spec(graph: fx.GraphModule) -> pytree.TreeSpec:
@@ -234,32 +269,11 @@ def make_compiler(backend: str, config: CompilationConfig) -> Compiler:
         return EagerCompiler(config)
     if backend == "inductor":
         return InductorCompiler(config)
-    return _import_compiler_class(backend)(config)
-
-
-def _import_compiler_class(backend: str) -> type[Compiler]:
-    module_name, colon, qualname = backend.partition(":")
-    if not (colon and module_name and qualname):
-        raise ConfigError(
-            f"compilation config key 'backend': got {backend!r}; accepted: {_ACCEPTED_BACKENDS}"
-        )
-    try:
-        found: Any = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ConfigError(
-            f"compilation config key 'backend': cannot import module {module_name!r} of "
-            f"{backend!r} ({err}); accepted: {_ACCEPTED_BACKENDS}"
-        ) from err
-    for part in qualname.split("."):
-        found = getattr(found, part, None)
-        if found is None:
-            raise ConfigError(
-                f"compilation config key 'backend': module {module_name!r} has no "
-                f"{qualname!r} (from {backend!r}); accepted: {_ACCEPTED_BACKENDS}"
-            )
-    if not (isinstance(found, type) and issubclass(found, Compiler)):
-        raise ConfigError(
-            f"compilation config key 'backend': {backend!r} is {found!r}, not a subclass of "
-            f"slotwise.compilation.compilers.Compiler; accepted: {_ACCEPTED_BACKENDS}"
-        )
-    return found
+    compiler_cls = resolve_import_path(
+        backend,
+        what="compilation config key 'backend'",
+        fix=f"accepted: {_ACCEPTED_BACKENDS}",
+        expected_type=Compiler,
+        error=ConfigError,
+    )
+    return compiler_cls(config)

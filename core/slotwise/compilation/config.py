@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from slotwise import envs
 from slotwise.errors import SlotwiseError
+from slotwise.import_path import check_import_path
 
 ENV_CONFIG = "SLOTWISE_COMPILATION_CONFIG"
 ENV_CACHE_ROOT = "SLOTWISE_CACHE_ROOT"
@@ -47,7 +48,6 @@ MAX_JSON_DEPTH = 16
 
 _OP_NAME = re.compile(r"[A-Za-z_]\w*::[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?")
 _CUSTOM_OP_TOGGLE = re.compile(r"[+-][A-Za-z_][\w.]*")
-_BACKEND_PATH = re.compile(r"[\w.]+:[\w.]+")
 _INDUCTOR_OPTION = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 # NUL ends a C string (a path, an op name) early; a lone surrogate cannot be encoded.
 _UNSAFE_CHAR = re.compile("[\x00\ud800-\udfff]")
@@ -167,11 +167,12 @@ def _count(key: str, value: object, maximum: int) -> int:
 
 
 def _backend(value: object) -> str:
-    if isinstance(value, str) and (
-        value in ("", "eager", "inductor") or _BACKEND_PATH.fullmatch(value)
-    ):
-        return value
     accepted = '"" (platform default), "eager", "inductor" or "module:Class" of a compiler'
+    if isinstance(value, str) and value in ("", "eager", "inductor"):
+        return value
+    if isinstance(value, str) and ":" in value:
+        what = "compilation config key 'backend'"
+        return check_import_path(value, what, fix=f"accepted: {accepted}", error=ConfigError)
     raise _rejected("backend", value, accepted)
 
 
@@ -301,6 +302,9 @@ class CompilationConfig:
     inductor_config: dict[str, Any] = field(default_factory=dict)
     #: Check input addresses on every replay, not only the first of each size.
     debug_checks: bool = False
+    #: Graph wrappers copy each batch-sized tensor input into a buffer of their own
+    #: before a replay, so callers may pass new tensors (vLLM's cudagraph_copy_inputs).
+    graph_copy_inputs: bool = False
     # Sizes filled in from defaults; replace() derives them again instead of freezing them.
     _derived: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
 
@@ -314,9 +318,23 @@ class CompilationConfig:
         if self.graph_mode is not None:
             self.graph_mode = GraphMode.parse(self.graph_mode)
         self.graph_warmups = _count("graph_warmups", self.graph_warmups, MAX_GRAPH_WARMUPS)
-        for key in ("use_inductor_graph_partition", "disable_cache", "debug_checks"):
+        for key in (
+            "use_inductor_graph_partition",
+            "disable_cache",
+            "debug_checks",
+            "graph_copy_inputs",
+        ):
             if not isinstance(getattr(self, key), bool):
                 raise _rejected(key, getattr(self, key), "true or false")
+        if self.graph_copy_inputs and self.use_inductor_graph_partition:
+            # Inductor's partitions come without example inputs, so their wrappers
+            # cannot tell batch-sized inputs from weights.
+            raise _rejected(
+                "graph_copy_inputs",
+                True,
+                "false with use_inductor_graph_partition (copy inputs into the captured "
+                "buffers yourself, as slotwise.runner does, or split with FX)",
+            )
         if not _is_clean_text(self.cache_dir):
             accepted = 'a directory path without NUL or lone surrogates, or "" for the default'
             raise _rejected("cache_dir", self.cache_dir, accepted)

@@ -23,6 +23,11 @@ from slotwise.compilation.inductor_partition import (
 )
 from slotwise.compilation.piecewise_backend import CompiledPiecewiseBackend
 from slotwise.compilation.splitting import split_graph
+from slotwise.compilation.static_graph_wrapper import (
+    StaticGraphWrapper,
+    graph_wrapper_cls,
+    piecewise_backend_cls,
+)
 from slotwise.platforms import Platform
 
 DynamoBackend = Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]
@@ -49,10 +54,10 @@ class GraphCompiler:
     """Levels 2 and 3: compile each Dynamo graph of one model, once.
 
     At level 3 the graph is split at the splitting ops and every capturable piece
-    becomes an instance of the platform's piecewise backend (or, with Inductor graph
-    partition, Inductor splits and the platform wraps each partition); at level 2
-    the whole graph is one compile-and-dispatch piece.  FULL graph modes wrap the
-    result in the platform's static-graph wrapper.
+    runs in the backend ``piecewise_backend_cls`` picks (or, with Inductor graph
+    partition, Inductor splits and each partition is wrapped in a static-graph
+    wrapper); at level 2 the whole graph is one compile-and-dispatch piece.  FULL
+    graph modes wrap the result in a ``StaticGraphWrapper`` on the platform's GraphAPI.
     """
 
     def __init__(
@@ -71,7 +76,7 @@ class GraphCompiler:
         self.compiler: Compiler = (
             PartitionedInductorCompiler(
                 config,
-                platform_partition_wrapper(platform.get_static_graph_wrapper_cls(), config),
+                platform_partition_wrapper(graph_wrapper_cls(platform), config),
             )
             if self.partition
             else make_compiler(config.backend, config)
@@ -98,11 +103,17 @@ class GraphCompiler:
                 compile_cache=cache,
             )
             if self.partition:
+                # Counted as vLLM does: one piece, capturable, that Inductor partitions.
+                counters.bump("num_piecewise_graphs_seen")
+                counters.bump("num_piecewise_capturable_graphs_seen")
                 compiled = SizedStep(compiled, example_inputs)
         if self.config.graph_mode and self.config.graph_mode.has_full_graphs:
-            wrapper_cls = self.platform.get_static_graph_wrapper_cls()
-            compiled = wrapper_cls(
-                compiled, self.config, runtime_mode=GraphMode.FULL, example_inputs=example_inputs
+            compiled = StaticGraphWrapper(
+                compiled,
+                self.config,
+                runtime_mode=GraphMode.FULL,
+                graph_api=self.platform.get_graph_api(),
+                example_inputs=traced_inputs(example_inputs),
             )
         return compiled
 
@@ -113,7 +124,7 @@ class GraphCompiler:
         capturable = [piece.name for piece in pieces if piece.is_capturable]
         counters.bump("num_piecewise_graphs_seen", len(pieces))
         counters.bump("num_piecewise_capturable_graphs_seen", len(capturable))
-        backend_cls = self.platform.get_piecewise_backend_cls()
+        backend_cls = piecewise_backend_cls(self.platform, self.config)
         # A bar on terminals only (tqdm's disable=None): Inductor takes seconds per piece.
         progress = tqdm(total=len(capturable), desc="compiling pieces", unit="piece", disable=None)
 
@@ -174,6 +185,12 @@ def _install_piece_backends(
     fake_inputs = [traced_fake(fake_mode, value) for value in example_inputs]
     with fake_mode, enable_python_dispatcher():
         _PieceBackendInstaller(split, capturable, make_backend).run(*fake_inputs)
+
+
+def traced_inputs(example_inputs: list[Any]) -> list[Any]:
+    """``example_inputs`` as fake tensors with the trace's symbolic sizes (``traced_fake``)."""
+    fake_mode = torch._guards.detect_fake_mode(example_inputs) or FakeTensorMode()
+    return [traced_fake(fake_mode, value) for value in example_inputs]
 
 
 def traced_fake(fake_mode: FakeTensorMode, value: Any) -> Any:

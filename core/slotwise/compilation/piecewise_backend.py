@@ -1,10 +1,10 @@
 """Piecewise backends: what runs each capturable piece of a split model graph.
 
-At level 3 slotwise hands every capturable piece to an instance of
-``current_platform.get_piecewise_backend_cls()``.  Plugin authors subclass
-``CompiledPiecewiseBackend`` (compile and dispatch on the runtime size, as the CPU
-platform does) and add static-graph capture on top, or, for full control,
-``AbstractPiecewiseBackend``.
+At level 3 slotwise hands every capturable piece to a piecewise backend:
+``CompiledPiecewiseBackend`` (compile and dispatch on the runtime size), or, in
+graph modes with piecewise graphs, ``StaticGraphPiecewiseBackend`` on top of the
+platform's ``GraphAPI``.  A platform wanting full control of its pieces returns its
+own ``AbstractPiecewiseBackend`` subclass from ``get_piecewise_backend_cls()``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from slotwise.compilation.compile_lock import compile_lock
 if TYPE_CHECKING:
     from slotwise.compilation.compile_cache import CompileCache
     from slotwise.compilation.config import CompilationConfig
+    from slotwise.compilation.graph_api import GraphAPI
 
 
 class AbstractPiecewiseBackend:
@@ -36,7 +37,9 @@ class AbstractPiecewiseBackend:
       (whose outputs a graph backend holds only weakly);
     - ``example_inputs``: the inputs seen while tracing, with symbolic sizes;
     - ``compile_cache``: ``compile_cache.compile(graph, inputs, runtime_shape=n)``
-      returns a compiled callable, from the persistent cache when it can.
+      returns a compiled callable, from the persistent cache when it can;
+    - ``graph_api``: the platform's ``GraphAPI`` (``Platform.get_graph_api()``), None
+      on platforms without static graphs.
 
     ``__call__(*args)`` must return what ``graph(*args)`` returns.  Counters a
     subclass bumps itself: ``num_graphs_captured`` per static graph captured
@@ -52,6 +55,7 @@ class AbstractPiecewiseBackend:
         num_pieces: int,
         example_inputs: Sequence[Any],
         compile_cache: CompileCache,
+        graph_api: GraphAPI | None = None,
         **kwargs: Any,
     ) -> None:
         self.graph = graph
@@ -59,6 +63,7 @@ class AbstractPiecewiseBackend:
         self.piece_index = piece_index
         self.num_pieces = num_pieces
         self.compile_cache = compile_cache
+        self.graph_api = graph_api
         self.size_source = find_size_source(example_inputs)
 
     @property
@@ -89,6 +94,16 @@ def find_size_source(example_inputs: Sequence[Any]) -> tuple[int, int | None] | 
                 if isinstance(size, torch.SymInt):
                     return index, dim
     return None
+
+
+def batch_sized_inputs(example_inputs: Sequence[Any]) -> list[int]:
+    """Indices of the tensor inputs with a symbolic size: the ones that follow the batch,
+    as opposed to weights and other fixed tensors."""
+    return [
+        index
+        for index, value in enumerate(example_inputs)
+        if isinstance(value, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in value.shape)
+    ]
 
 
 def read_size(source: tuple[int, int | None] | None, args: Sequence[Any]) -> int | None:

@@ -6,6 +6,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from slotwise.compilation.config import CompilationLevel, ConfigError, GraphMode
+from slotwise.compilation.graph_modes import supported_graph_modes
 
 if TYPE_CHECKING:
     from slotwise.compilation.config import CompilationConfig
@@ -30,27 +31,20 @@ def apply_platform_defaults(platform: Platform, config: CompilationConfig) -> No
             f"compilation config key 'graph_mode': {config.graph_mode.name} needs piecewise "
             f"compilation, but level is {config.level.name}; set level=3 or graph_mode=FULL/NONE"
         )
+    supported = supported_graph_modes(platform)
     if config.graph_mode is None:
-        wants_graphs = platform.supports_static_graph and config.level == CompilationLevel.PIECEWISE
-        config.graph_mode = GraphMode.PIECEWISE if wants_graphs else GraphMode.NONE
-    elif config.graph_mode != GraphMode.NONE and not platform.supports_static_graph:
+        wants_graphs = config.level == CompilationLevel.PIECEWISE
+        graphs = wants_graphs and GraphMode.PIECEWISE in supported
+        config.graph_mode = GraphMode.PIECEWISE if graphs else GraphMode.NONE
+    elif config.graph_mode not in supported:
         logger.warning(
-            "platform %s has no static graphs: graph_mode=%s turned to NONE",
+            "platform %s supports graph modes %s only (static graphs need a GraphAPI): "
+            "graph_mode=%s turned to NONE",
             platform.name,
+            ", ".join(mode.name for mode in supported),
             config.graph_mode.name,
         )
         config.graph_mode = GraphMode.NONE
-    if config.graph_mode.has_full_graphs and platform.get_static_graph_wrapper_cls() is None:
-        downgraded = (
-            GraphMode.PIECEWISE if config.graph_mode.has_piecewise_graphs else GraphMode.NONE
-        )
-        logger.warning(
-            "platform %s has no full-model static graphs: graph_mode=%s turned to %s",
-            platform.name,
-            config.graph_mode.name,
-            downgraded.name,
-        )
-        config.graph_mode = downgraded
     if config.use_inductor_graph_partition:
         import torch
 

@@ -7,7 +7,7 @@ A captured graph replays fixed kernels on fixed addresses, so:
 - capture happens only after warm-up runs, and, once a runner has captured the
   sizes it serves (the capture window), never again at run time;
 - which graph acts in a step (none, the pieces', or the full model's) follows one
-  rule, ``runtime_graph_mode``, so nested wrappers never both capture.
+  rule, ``graph_modes.step_graph_mode``, so nested wrappers never both capture.
 """
 
 from __future__ import annotations
@@ -15,46 +15,13 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from slotwise.compilation.config import GraphMode
 from slotwise.errors import SlotwiseError
-from slotwise.forward_context import try_get_forward_context
-
-if TYPE_CHECKING:
-    from slotwise.compilation.config import CompilationConfig
 
 
 class StaticGraphError(SlotwiseError, RuntimeError):
     """A static graph was used against its contract, e.g. an input moved after capture."""
-
-
-def runtime_graph_mode(config: CompilationConfig, size: int | None) -> GraphMode:
-    """The graph mode of this step: the forward context's, else derived from the size.
-
-    Without a forward context a size in ``capture_sizes`` runs with the configured
-    graphs; FULL_AND_PIECEWISE picks FULL only for batches the caller marked as
-    uniform decode (``BatchDescriptor.uniform_decode``), PIECEWISE otherwise.
-    """
-    context = try_get_forward_context()
-    if context is not None and context.graph_mode is not None:
-        return context.graph_mode
-    mode = config.graph_mode or GraphMode.NONE
-    if size is None or size not in (config.capture_sizes or ()) or mode == GraphMode.NONE:
-        return GraphMode.NONE
-    if mode == GraphMode.FULL_AND_PIECEWISE:
-        descriptor = context.batch_descriptor if context is not None else None
-        uniform = descriptor is not None and descriptor.uniform_decode
-        return GraphMode.FULL if uniform else GraphMode.PIECEWISE
-    return mode
-
-
-def step_size(default: int | None) -> int | None:
-    """The batch size of this step: the forward context's descriptor, else ``default``."""
-    context = try_get_forward_context()
-    if context is not None and context.batch_descriptor is not None:
-        return context.batch_descriptor.num_tokens
-    return default
 
 
 class _CaptureWindow:
@@ -117,31 +84,10 @@ def check_input_addresses(
                 f"{what}, capture size {size}: argument {index} was captured at address "
                 f"{_address(expected)} but is now at {_address(actual)}; a replay reads the "
                 "captured address, so copy new inputs into the captured buffers "
-                "(slotwise.runner does this) instead of passing new tensors"
+                "(slotwise.runner does this) instead of passing new tensors, or set "
+                "graph_copy_inputs=True in the compilation config to have slotwise copy them"
             )
 
 
 def _address(value: int | None) -> str:
     return "(not a tensor)" if value is None else f"{value:#x}"
-
-
-def weak_ref_tensors(outputs: Any) -> Any:
-    """Aliases of the tensors in ``outputs`` that do not keep their memory alive.
-
-    The last piece's outputs are held this way: the graph pool may then reuse that
-    memory for the next graph, instead of every captured size pinning its own copy.
-    The caller must consume an output before the next replay of the same graph.
-    """
-    import torch
-    from torch.utils import _pytree as pytree
-
-    def alias(value: Any) -> Any:
-        if not isinstance(value, torch.Tensor):
-            return value
-        storage = torch._C._construct_storage_from_data_pointer(
-            value.untyped_storage().data_ptr(), value.device, value.untyped_storage().nbytes()
-        )
-        weak = torch.empty(0, dtype=value.dtype, device=value.device)
-        return weak.set_(storage, value.storage_offset(), value.shape, value.stride())
-
-    return pytree.tree_map(alias, outputs)

@@ -8,6 +8,8 @@ keeps the same rules:
 - per size: ``graph_warmups`` plain runs, then a capture into the one shared
   pool, then replays; the input addresses are checked on the first replay of
   each size (every replay with ``debug_checks``);
+- with ``graph_copy_inputs`` the batch-sized tensor inputs are copied into buffers
+  the wrapper allocated at capture, so callers may pass new tensors every step;
 - the last piece's outputs are held weakly (``GraphAPI.weak_ref``);
 - one class plays every role, chosen by ``runtime_mode``: PIECEWISE around each
   capturable piece or Inductor partition, FULL around the whole split model, where
@@ -18,17 +20,23 @@ keeps the same rules:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.fx
 
 from slotwise.compilation.compile_counters import counters
-from slotwise.compilation.config import CompilationConfig, GraphMode
+from slotwise.compilation.config import CompilationConfig, ConfigError, GraphMode
+from slotwise.compilation.graph_api import GraphAPI, StaticGraph
+from slotwise.compilation.graph_modes import step_graph_mode
 from slotwise.compilation.piecewise_backend import (
+    AbstractPiecewiseBackend,
     CompiledPiecewiseBackend,
+    batch_sized_inputs,
     find_size_source,
     read_size,
 )
@@ -37,37 +45,13 @@ from slotwise.compilation.static_graph import (
     check_capture_allowed,
     check_input_addresses,
     input_addresses,
-    runtime_graph_mode,
-    step_size,
 )
 from slotwise.forward_context import set_forward_context, try_get_forward_context
 
+if TYPE_CHECKING:
+    from slotwise.platforms import Platform
+
 logger = logging.getLogger("slotwise")
-
-
-class StaticGraph(Protocol):
-    def capture(self, fn: Callable[[], Any], pool: Any, *, quiet: bool) -> Any:
-        """Record ``fn`` into this graph and return its outputs (graph-owned memory).
-
-        ``quiet`` skips the garbage collection and cache emptying a capture normally
-        starts with: done once for the first piece, repeating it per piece makes
-        capture slow.
-        """
-
-    def replay(self) -> None:
-        """Run the recorded work again on the captured addresses."""
-
-
-class GraphAPI(Protocol):
-    def new_graph(self) -> StaticGraph: ...
-
-    def pool(self) -> Any:
-        """The memory pool every graph of the process captures into."""
-
-    def synchronize(self) -> None: ...
-
-    def weak_ref(self, outputs: Any) -> Any:
-        """Non-owning aliases of ``outputs`` (see ``weak_ref_tensors``)."""
 
 
 @dataclass
@@ -77,11 +61,13 @@ class SizeEntry:
     outputs: Any = None
     addresses: list[int | None] | None = None
     addresses_checked: bool = False
+    #: Argument index -> the buffer the graph reads it from (``graph_copy_inputs``).
+    buffers: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 class StaticGraphWrapper:
-    #: The graph API used when none is passed; graph platforms set it in a subclass.
-    default_graph_api: ClassVar[GraphAPI | None] = None
+    """Runs ``runnable`` plainly, or, in steps whose graph mode is ``runtime_mode``, as
+    one static graph per capture size on ``graph_api`` (see the module docstring)."""
 
     def __init__(
         self,
@@ -89,24 +75,29 @@ class StaticGraphWrapper:
         config: CompilationConfig,
         *,
         runtime_mode: GraphMode,
+        graph_api: GraphAPI | None,
         example_inputs: Sequence[Any] | None = None,
         piece_index: int = 0,
         num_pieces: int = 1,
-        graph_api: GraphAPI | None = None,
-        **kwargs: Any,
     ) -> None:
         if not runtime_mode.is_runtime_mode or runtime_mode == GraphMode.NONE:
             raise ValueError(f"runtime_mode must be PIECEWISE or FULL, not {runtime_mode.name}")
+        if graph_api is None:
+            raise ConfigError(
+                f"compilation config key 'graph_mode': {runtime_mode.name} graphs need a "
+                "GraphAPI, but the platform's get_graph_api() returned None; use "
+                "graph_mode=NONE (Platform.check_and_update_config sets it unless overridden)"
+            )
         self.runnable = runnable
         self.config = config
         self.runtime_mode = runtime_mode
+        self.graph_api = graph_api
         # Partitions of an Inductor graph have no example inputs: their size comes
         # from the forward context's batch descriptor.
         self.size_source = find_size_source(example_inputs or ())
-        api = graph_api or self.default_graph_api
-        if api is None:
-            raise TypeError(f"{type(self).__name__} needs a graph_api (or a default_graph_api)")
-        self.graph_api = api
+        self.copied_inputs = (
+            batch_sized_inputs(example_inputs or ()) if config.graph_copy_inputs else []
+        )
         self.name = (
             "full model graph"
             if runtime_mode == GraphMode.FULL
@@ -119,8 +110,11 @@ class StaticGraphWrapper:
         self.entries: dict[int, SizeEntry] = {}
 
     def __call__(self, *args: Any) -> Any:
-        size = step_size(read_size(self.size_source, args))
-        mode = runtime_graph_mode(self.config, size)
+        context = try_get_forward_context()
+        descriptor = context.batch_descriptor if context is not None else None
+        size = read_size(self.size_source, args) if descriptor is None else descriptor.num_tokens
+        requested = context.graph_mode if context is not None else None
+        mode = step_graph_mode(self.config, size, descriptor, requested=requested)
         if self.runtime_mode == GraphMode.FULL:
             with _pinned_graph_mode(mode):
                 return self._run(mode, size, args)
@@ -141,15 +135,19 @@ class StaticGraphWrapper:
                 entry.warmups_done += 1
                 return self.runnable(*args)
             self._capture(size, entry, args)
-        elif not entry.addresses_checked or self.config.debug_checks:
-            check_input_addresses(self.name, size, entry.addresses or [], args)
-            entry.addresses_checked = True
+        else:
+            args = _copied_into(entry.buffers, args)
+            if not entry.addresses_checked or self.config.debug_checks:
+                check_input_addresses(self.name, size, entry.addresses or [], args)
+                entry.addresses_checked = True
         assert entry.graph is not None
         entry.graph.replay()
         return entry.outputs
 
     def _capture(self, size: int, entry: SizeEntry, args: Sequence[Any]) -> None:
         check_capture_allowed(self.name, size)
+        entry.buffers = {index: args[index].clone() for index in self.copied_inputs}
+        args = [entry.buffers.get(index, arg) for index, arg in enumerate(args)]
         entry.addresses = input_addresses(args)
         graph = self.graph_api.new_graph()
         outputs = graph.capture(
@@ -159,6 +157,17 @@ class StaticGraphWrapper:
         entry.graph = graph
         counters.bump("num_graphs_captured")
         logger.debug("%s: captured a static graph for size %d", self.name, size)
+
+
+def _copied_into(buffers: dict[int, torch.Tensor], args: Sequence[Any]) -> Sequence[Any]:
+    """``args`` with each argument that has a buffer copied into it and replaced by it."""
+    if not buffers:
+        return args
+    staged = list(args)
+    for index, buffer in buffers.items():
+        buffer.copy_(staged[index])
+        staged[index] = buffer
+    return staged
 
 
 @contextlib.contextmanager
@@ -177,32 +186,19 @@ def _pinned_graph_mode(mode: GraphMode) -> Iterator[None]:
 
 
 class StaticGraphPiecewiseBackend(CompiledPiecewiseBackend):
-    """Compile-and-dispatch plus, in PIECEWISE steps, a static graph per capture size.
+    """Compile-and-dispatch plus, in PIECEWISE steps, a static graph per capture size
+    on the platform's ``GraphAPI``; other sizes run the compiled piece without one."""
 
-    Graph platforms subclass it and set ``wrapper_cls`` to their ``StaticGraphWrapper``
-    subclass; ``graph_api`` overrides the wrapper's default (tests pass a CPU stand-in).
-    Sizes outside ``capture_sizes`` run the compiled piece without a graph.
-    """
-
-    wrapper_cls: ClassVar[type[StaticGraphWrapper]] = StaticGraphWrapper
-
-    def __init__(
-        self,
-        graph: torch.fx.GraphModule,
-        config: CompilationConfig,
-        *,
-        graph_api: GraphAPI | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, graph: torch.fx.GraphModule, config: CompilationConfig, **kwargs: Any):
         super().__init__(graph, config, **kwargs)
-        self.graph_wrapper = self.wrapper_cls(
+        self.graph_wrapper = StaticGraphWrapper(
             self.run_compiled,
             config,
             runtime_mode=GraphMode.PIECEWISE,
+            graph_api=self.graph_api,
             example_inputs=kwargs["example_inputs"],
             piece_index=self.piece_index,
             num_pieces=self.num_pieces,
-            graph_api=graph_api,
         )
 
     def run_compiled(self, *args: Any) -> Any:
@@ -210,3 +206,22 @@ class StaticGraphPiecewiseBackend(CompiledPiecewiseBackend):
 
     def __call__(self, *args: Any) -> Any:
         return self.graph_wrapper(*args)
+
+
+def piecewise_backend_cls(
+    platform: Platform, config: CompilationConfig
+) -> Callable[..., AbstractPiecewiseBackend]:
+    """What runs each capturable piece: the platform's own class if it has one, else
+    slotwise's, which captures only in graph modes with piecewise graphs; either way
+    bound to the platform's ``GraphAPI``."""
+    cls = platform.get_piecewise_backend_cls()
+    if cls is None:
+        graphs = config.graph_mode is not None and config.graph_mode.has_piecewise_graphs
+        cls = StaticGraphPiecewiseBackend if graphs else CompiledPiecewiseBackend
+    return functools.partial(cls, graph_api=platform.get_graph_api())
+
+
+def graph_wrapper_cls(platform: Platform) -> Callable[..., StaticGraphWrapper] | None:
+    """``StaticGraphWrapper`` bound to the platform's ``GraphAPI``; None without one."""
+    graph_api = platform.get_graph_api()
+    return None if graph_api is None else functools.partial(StaticGraphWrapper, graph_api=graph_api)

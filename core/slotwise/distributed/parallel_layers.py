@@ -10,15 +10,24 @@ The layers read their rank and size from the tensor-parallel group when they are
 built; without ``init_distributed`` that is rank 0 of 1, and every layer computes
 exactly what its ``torch.nn`` counterpart does.  Fresh weights are drawn like
 ``nn.Linear``'s and ``nn.Embedding``'s, independently per rank, so a real model loads
-its weights with ``load_full_weight``: it takes the unsharded tensor and keeps this
-rank's slice, which lets every rank load the same checkpoint or the same seeded
-draw.  The collectives are the ``torch.ops.slotwise.tp_*`` custom ops, so the layers
+its weights from unsharded tensors, which lets every rank load the same checkpoint or
+the same seeded draw:
+
+- ``load_full_weight(weight, bias)`` takes the whole unsharded tensors in memory;
+- ``load_shard(name, tensor, part)`` takes one checkpoint tensor (``part`` picks q, k
+  or v of a fused QKV layer, gate or up of a merged one) as anything that slices
+  like a tensor, and indexes only this rank's rows or columns of it.  Given a
+  ``safetensors`` slice, a rank reads just its share of the file;
+- ``full_shape(name, part)`` is the shape that tensor must have.
+
+The collectives are the ``torch.ops.slotwise.tp_*`` custom ops, so the layers
 compile with ``torch.compile(fullgraph=True)``.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +39,13 @@ from slotwise.distributed.state import (
     get_tensor_parallel_rank,
     get_tensor_parallel_world_size,
 )
+
+
+class Sliceable(Protocol):
+    """An unsharded tensor read on demand: a ``torch.Tensor``, or a checkpoint's tensor
+    whose indexing reads only the indexed bytes."""
+
+    def __getitem__(self, index: Any) -> torch.Tensor: ...
 
 
 def _divide(value: int, tp_size: int, what: str) -> int:
@@ -51,15 +67,16 @@ def _check_full(tensor: torch.Tensor, shape: tuple[int, ...], what: str) -> None
 class _OutputShardedLinear(nn.Module):
     """A linear layer holding chosen row ranges (output features) of a full weight.
 
-    ``shard_rows`` lists ``(start, length)`` ranges of the full weight's rows; this
-    rank's weight is their concatenation.  The column-parallel layers differ only in
-    which ranges they pick.
+    The full weight stacks ``part_sizes`` rows per part (q, k, v; gate, up), each
+    stored as its own checkpoint tensor.  ``shard_rows`` lists one ``(start, length)``
+    range of the full weight's rows per part; this rank's weight is their
+    concatenation.  The column-parallel layers differ only in the parts and ranges.
     """
 
     def __init__(
         self,
         input_size: int,
-        output_size: int,
+        part_sizes: list[int],
         shard_rows: list[tuple[int, int]],
         bias: bool,
         params_dtype: torch.dtype | None,
@@ -68,7 +85,8 @@ class _OutputShardedLinear(nn.Module):
         self.tp_rank = get_tensor_parallel_rank()
         self.tp_size = get_tensor_parallel_world_size()
         self.input_size = input_size
-        self.output_size = output_size
+        self.output_size = sum(part_sizes)
+        self.part_sizes = part_sizes
         self.shard_rows = shard_rows
         rows = sum(length for _, length in shard_rows)
         bound = 1 / math.sqrt(input_size)  # nn.Linear's initial distribution
@@ -86,17 +104,32 @@ class _OutputShardedLinear(nn.Module):
 
     @torch.no_grad()
     def load_full_weight(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        """Keep this rank's rows of the unsharded ``weight`` (and ``bias``)."""
+        """Keep this rank's rows of the unsharded ``weight`` (and ``bias``), all parts."""
         _check_full(weight, (self.output_size, self.input_size), "weight")
-        self.weight.copy_(self._rows(weight))
         if bias is not None:
             if self.bias is None:
                 raise ValueError(f"{type(self).__name__} was built with bias=False")
             _check_full(bias, (self.output_size,), "bias")
-            self.bias.copy_(self._rows(bias))
+        offset = 0
+        for part, size in enumerate(self.part_sizes):
+            self.load_shard("weight", weight[offset : offset + size], part)
+            if bias is not None:
+                self.load_shard("bias", bias[offset : offset + size], part)
+            offset += size
 
-    def _rows(self, full: torch.Tensor) -> torch.Tensor:
-        return torch.cat([full.narrow(0, start, length) for start, length in self.shard_rows])
+    def full_shape(self, name: str, part: int = 0) -> tuple[int, ...]:
+        """The shape of part ``part`` of parameter ``name`` ("weight" or "bias"), unsharded."""
+        size = self.part_sizes[part]
+        return (size, self.input_size) if name == "weight" else (size,)
+
+    @torch.no_grad()
+    def load_shard(self, name: str, tensor: Sliceable, part: int = 0) -> None:
+        """Copy this rank's rows of the unsharded ``tensor`` of part ``part`` into its
+        place in parameter ``name``; only those rows are indexed."""
+        start, length = self.shard_rows[part]
+        start -= sum(self.part_sizes[:part])
+        local = sum(rows for _, rows in self.shard_rows[:part])
+        getattr(self, name)[local : local + length].copy_(tensor[start : start + length])
 
     def extra_repr(self) -> str:
         return (
@@ -124,7 +157,7 @@ class ColumnParallelLinear(_OutputShardedLinear):
         tp_rank, tp_size = get_tensor_parallel_rank(), get_tensor_parallel_world_size()
         per_rank = _divide(output_size, tp_size, "output_size")
         super().__init__(
-            input_size, output_size, [(tp_rank * per_rank, per_rank)], bias, params_dtype
+            input_size, [output_size], [(tp_rank * per_rank, per_rank)], bias, params_dtype
         )
         self.gather_output = gather_output
 
@@ -157,7 +190,7 @@ class MergedColumnParallelLinear(_OutputShardedLinear):
             per_rank = _divide(size, tp_size, f"output_sizes[{index}]")
             shard_rows.append((offset + tp_rank * per_rank, per_rank))
             offset += size
-        super().__init__(input_size, offset, shard_rows, bias, params_dtype)
+        super().__init__(input_size, list(output_sizes), shard_rows, bias, params_dtype)
         self.output_sizes = list(output_sizes)
 
 
@@ -205,7 +238,7 @@ class QKVParallelLinear(_OutputShardedLinear):
             (total_q + kv_start, kv_size),
             (total_q + total_kv + kv_start, kv_size),
         ]
-        super().__init__(hidden_size, total_q + 2 * total_kv, shard_rows, bias, params_dtype)
+        super().__init__(hidden_size, [total_q, total_kv, total_kv], shard_rows, bias, params_dtype)
         self.head_size = head_size
         self.total_num_heads = total_num_heads
         self.total_num_kv_heads = total_num_kv_heads
@@ -266,13 +299,27 @@ class RowParallelLinear(nn.Module):
     def load_full_weight(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         """Keep this rank's columns of the unsharded ``weight``; the bias is not split."""
         _check_full(weight, (self.output_size, self.input_size), "weight")
-        per_rank = self.input_size_per_partition
-        self.weight.copy_(weight.narrow(1, self.tp_rank * per_rank, per_rank))
+        self.load_shard("weight", weight)
         if bias is not None:
             if self.bias is None:
                 raise ValueError("RowParallelLinear was built with bias=False")
             _check_full(bias, (self.output_size,), "bias")
-            self.bias.copy_(bias)
+            self.load_shard("bias", bias)
+
+    def full_shape(self, name: str, part: int = 0) -> tuple[int, ...]:
+        """The shape of parameter ``name`` ("weight" or "bias"), unsharded."""
+        return (self.output_size, self.input_size) if name == "weight" else (self.output_size,)
+
+    @torch.no_grad()
+    def load_shard(self, name: str, tensor: Sliceable, part: int = 0) -> None:
+        """Copy this rank's columns of the unsharded weight (the whole bias, which is
+        not split) into parameter ``name``; only those columns are indexed."""
+        if name == "bias":
+            part = tensor[:]
+        else:
+            start = self.tp_rank * self.input_size_per_partition
+            part = tensor[:, start : start + self.input_size_per_partition]
+        getattr(self, name).copy_(part)
 
     def extra_repr(self) -> str:
         return (
@@ -318,8 +365,17 @@ class VocabParallelEmbedding(nn.Module):
     def load_full_weight(self, weight: torch.Tensor) -> None:
         """Keep this rank's rows of the unsharded ``(num_embeddings, embedding_dim)`` weight."""
         _check_full(weight, (self.num_embeddings, self.embedding_dim), "weight")
+        self.load_shard("weight", weight)
+
+    def full_shape(self, name: str = "weight", part: int = 0) -> tuple[int, ...]:
+        """The shape of the unsharded ``(num_embeddings, embedding_dim)`` table."""
+        return (self.num_embeddings, self.embedding_dim)
+
+    @torch.no_grad()
+    def load_shard(self, name: str, tensor: Sliceable, part: int = 0) -> None:
+        """Copy this rank's rows of the unsharded table; only those rows are indexed."""
         rows = self.vocab_end - self.vocab_start
-        self.weight[:rows].copy_(weight[self.vocab_start : self.vocab_end])
+        self.weight[:rows].copy_(tensor[self.vocab_start : self.vocab_end])
         self.weight[rows:] = 0
 
     def extra_repr(self) -> str:

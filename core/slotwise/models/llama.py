@@ -2,14 +2,21 @@
 
 Embedding, RMSNorm, rotary embedding, grouped-query attention through the
 ``Attention`` layer (the split point of piecewise compilation), a SwiGLU MLP and
-an LM head.  Weights are seeded random numbers: the model exists to exercise and
-measure the framework, not to produce text.
+an LM head.  ``LlamaConfig`` switches on what the Llama family's relatives add
+(biases, per-head q/k norms, an explicit head size, RoPE scaling), so Mistral and
+Qwen are small subclasses.  Two ways to get weights, one construction: ``build_llama``
+draws seeded random ones for a preset (to exercise and measure the framework),
+``slotwise.models.load_model`` reads a Hugging Face checkpoint.  Both build the
+model on the meta device first, so no weight is drawn only to be overwritten.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
@@ -25,11 +32,19 @@ from slotwise.distributed.parallel_layers import (
 )
 from slotwise.layers.activation import SiluAndMul
 from slotwise.layers.layernorm import RMSNorm
-from slotwise.layers.rotary_embedding import RotaryEmbedding
+from slotwise.layers.rotary_embedding import RopeScaling, RotaryEmbedding
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from slotwise.models.hf_config import HFConfig
 
 
 @dataclass(frozen=True)
 class LlamaConfig:
+    """The shape of a Llama-family model; names are slotwise's (``num_layers`` for
+    transformers' ``num_hidden_layers``, ``max_position`` for ``max_position_embeddings``)."""
+
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -38,13 +53,23 @@ class LlamaConfig:
     num_kv_heads: int
     max_position: int = 2048
     rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-5
+    rope_scaling: RopeScaling | None = None
+    rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
+    #: The size of each head; None: hidden_size / num_heads.
+    head_dim: int | None = None
+    qkv_bias: bool = False
+    o_proj_bias: bool = False
+    mlp_bias: bool = False
+    #: RMSNorm over each query and key head before the rotation (Qwen3).
+    qk_norm: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
     block_size: int = 16
 
     @property
     def head_size(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_dim or self.hidden_size // self.num_heads
 
 
 PRESETS: dict[str, LlamaConfig] = {
@@ -57,6 +82,7 @@ PRESETS: dict[str, LlamaConfig] = {
         num_heads=4,
         num_kv_heads=2,
         max_position=512,
+        rms_norm_eps=1e-5,
     ),
     # About 30M parameters: the CPU benchmark model.
     "small": LlamaConfig(
@@ -66,6 +92,7 @@ PRESETS: dict[str, LlamaConfig] = {
         num_layers=8,
         num_heads=8,
         num_kv_heads=4,
+        rms_norm_eps=1e-5,
     ),
     # Llama-3.2-1B's shapes (1.24B parameters); the rotary table is cut to 8192 positions.
     "llama-3.2-1b": LlamaConfig(
@@ -77,6 +104,7 @@ PRESETS: dict[str, LlamaConfig] = {
         num_kv_heads=8,
         max_position=8192,
         rope_theta=500000.0,
+        rms_norm_eps=1e-5,
         tie_word_embeddings=True,
     ),
 }
@@ -88,21 +116,26 @@ class LlamaAttention(nn.Module):
     """Grouped-query attention; under tensor parallelism each rank holds a share of the
     heads (QKV split by head, output projection all-reduced)."""
 
-    def __init__(self, config: LlamaConfig, prefix: str) -> None:
+    def __init__(self, config: LlamaConfig, rotary_emb: RotaryEmbedding, prefix: str) -> None:
         super().__init__()
+        head_size = config.head_size
         self.qkv_proj = QKVParallelLinear(
-            config.hidden_size, config.head_size, config.num_heads, config.num_kv_heads
+            config.hidden_size,
+            head_size,
+            config.num_heads,
+            config.num_kv_heads,
+            bias=config.qkv_bias,
         )
         self.o_proj = RowParallelLinear(
-            config.num_heads * config.head_size, config.hidden_size, bias=False
+            config.num_heads * head_size, config.hidden_size, bias=config.o_proj_bias
         )
-        self.rotary_emb = RotaryEmbedding(
-            config.head_size, config.max_position, base=config.rope_theta
-        )
+        self.q_norm = RMSNorm(head_size, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(head_size, config.rms_norm_eps) if config.qk_norm else None
+        self.rotary_emb = rotary_emb
         self.attn = Attention(
             self.qkv_proj.num_heads,
-            config.head_size,
-            config.head_size**-0.5,
+            head_size,
+            head_size**-0.5,
             self.qkv_proj.num_kv_heads,
             prefix=f"{prefix}.attn",
             block_size=config.block_size,
@@ -111,28 +144,37 @@ class LlamaAttention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj
         q, k, v = qkv(hidden).split([qkv.q_size, qkv.kv_size, qkv.kv_size], dim=-1)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = _norm_heads(self.q_norm, q), _norm_heads(self.k_norm, k)
         q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v))
+
+
+def _norm_heads(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """``norm`` over each head of ``x`` [num_tokens, heads * head_size]."""
+    return norm(x.unflatten(-1, (-1, norm.weight.shape[0]))).flatten(-2)
 
 
 class LlamaMLP(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
-            config.hidden_size, [config.intermediate_size] * 2, bias=False
+            config.hidden_size, [config.intermediate_size] * 2, bias=config.mlp_bias
         )
         self.act = SiluAndMul()
-        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias=False)
+        self.down_proj = RowParallelLinear(
+            config.intermediate_size, config.hidden_size, bias=config.mlp_bias
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: LlamaConfig, prefix: str) -> None:
+    def __init__(self, config: LlamaConfig, rotary_emb: RotaryEmbedding, prefix: str) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config, prefix=f"{prefix}.self_attn")
+        self.self_attn = LlamaAttention(config, rotary_emb, prefix=f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
@@ -151,13 +193,19 @@ class LlamaDecoderLayer(nn.Module):
 
 @support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": 0})
 class LlamaModel(nn.Module):
-    """The decoder stack; compiled as one graph, split at every attention layer."""
+    """The decoder stack; compiled as one graph, split at every attention layer.
+
+    One rotary table serves every layer: at 128k positions it is tens of megabytes.
+    """
 
     def __init__(self, config: LlamaConfig, prefix: str) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.rotary_emb = RotaryEmbedding(
+            config.head_size, config.max_position, config.rope_theta, scaling=config.rope_scaling
+        )
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, prefix=f"{prefix}.layers.{i}")
+            LlamaDecoderLayer(config, self.rotary_emb, prefix=f"{prefix}.layers.{i}")
             for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -173,7 +221,17 @@ class LlamaModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """``forward`` returns hidden states; ``compute_logits`` projects the rows asked for,
-    so a decode step never pays for the logits of padding or prompt tokens."""
+    so a decode step never pays for the logits of padding or prompt tokens.
+
+    Parameter names are the checkpoint's, except the fused projections in
+    ``fused_modules``; ``config_from_hf`` reads a checkpoint's config.json.
+    """
+
+    #: Fused module -> the checkpoint modules it stacks, in its order.
+    fused_modules: ClassVar[dict[str, tuple[str, ...]]] = {
+        "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+        "gate_up_proj": ("gate_proj", "up_proj"),
+    }
 
     def __init__(self, config: LlamaConfig, *, prefix: str | None = None) -> None:
         super().__init__()
@@ -182,7 +240,10 @@ class LlamaForCausalLM(nn.Module):
         prefix = prefix or f"llama{next(_instance_numbers)}"
         self.model = LlamaModel(config, prefix=prefix)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
-        if config.tie_word_embeddings:
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -193,6 +254,88 @@ class LlamaForCausalLM(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    @classmethod
+    def config_from_hf(cls, hf: HFConfig) -> LlamaConfig:
+        """The config of transformers' ``LlamaForCausalLM``; subclasses adjust it."""
+        if hf.get("hidden_act", "silu") != "silu":
+            raise hf.error(f"hidden_act {hf.get('hidden_act')!r} is not supported; only 'silu'")
+        if hf.get("quantization_config") is not None:
+            raise hf.error("quantized checkpoints are not supported; use unquantized weights")
+        num_heads = hf.integer("num_attention_heads")
+        num_layers = hf.integer("num_hidden_layers")
+        max_position = hf.max_position(num_layers)
+        rope_theta, rope_scaling = hf.rope(hf.integer("max_position_embeddings"))
+        attention_bias = hf.flag("attention_bias", False)
+        bos = hf.token_ids("bos_token_id")
+        return LlamaConfig(
+            vocab_size=hf.integer("vocab_size"),
+            hidden_size=hf.integer("hidden_size"),
+            intermediate_size=hf.integer("intermediate_size"),
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=hf.integer("num_key_value_heads", num_heads),
+            max_position=max_position,
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            rms_norm_eps=hf.number("rms_norm_eps", 1e-6),
+            tie_word_embeddings=hf.flag("tie_word_embeddings", False),
+            head_dim=hf.integer("head_dim", None),
+            qkv_bias=attention_bias,
+            o_proj_bias=attention_bias,
+            mlp_bias=hf.flag("mlp_bias", False),
+            bos_token_id=bos[0] if bos else None,
+            eos_token_ids=hf.token_ids("eos_token_id"),
+        )
+
+    def is_redundant_tensor(self, name: str) -> bool:
+        """Checkpoint tensors the model derives rather than loads: rotary tables some
+        exports include, and the LM head of tied embeddings."""
+        tied = self.config.tie_word_embeddings and name == "lm_head.weight"
+        return tied or name.endswith("rotary_emb.inv_freq")
+
+    @classmethod
+    def empty(
+        cls,
+        config: LlamaConfig,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        compilation_config: object = None,
+        prefix: str | None = None,
+    ) -> Self:
+        """The model with uninitialised weights in ``dtype`` on ``device``: built on the
+        meta device, then given memory, so nothing is drawn that loading overwrites."""
+        from slotwise.compilation.config import CompilationConfig
+        from slotwise.compilation.context import (
+            get_current_compilation_config,
+            set_compilation_config,
+        )
+
+        compilation = (
+            get_current_compilation_config()
+            if compilation_config is None
+            else CompilationConfig.coerce(compilation_config)
+        )
+        with set_compilation_config(compilation), torch.device("meta"), _default_dtype(dtype):
+            model = cls(config, prefix=prefix)
+        model.to_empty(device=device)
+        model.tie_weights()  # to_empty gives each module its own new parameter
+        with torch.no_grad():
+            for module in model.modules():
+                if isinstance(module, RotaryEmbedding):
+                    module.cos_sin_cache.copy_(module.compute_cos_sin_cache())
+        return model.eval().requires_grad_(False)  # an inference model: no autograd state
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def build_llama(
@@ -209,38 +352,32 @@ def build_llama(
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
         preset = PRESETS[preset]
-    from slotwise.compilation.config import CompilationConfig
-    from slotwise.compilation.context import get_current_compilation_config, set_compilation_config
-
-    config = (
-        get_current_compilation_config()
-        if compilation_config is None
-        else CompilationConfig.coerce(compilation_config)
+    model = LlamaForCausalLM.empty(
+        preset, dtype=dtype, device=device, compilation_config=compilation_config, prefix=prefix
     )
-    previous_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with set_compilation_config(config), torch.device(device):
-            model = LlamaForCausalLM(preset, prefix=prefix)
-    finally:
-        torch.set_default_dtype(previous_dtype)
     _draw_weights(model, seed)
-    return model.eval().requires_grad_(False)  # an inference model: no autograd state
+    return model
 
 
+@torch.no_grad()
 def _draw_weights(model: LlamaForCausalLM, seed: int) -> None:
     """Normal(0, 0.02) weights from ``seed``, drawn unsharded and then sharded, so every
-    tensor-parallel size holds the same model; RMSNorm weights stay 1."""
+    tensor-parallel size holds the same model; norm weights 1, biases 0."""
     generator = torch.Generator(device="cpu").manual_seed(seed)
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            module.weight.fill_(1.0)
+        bias = getattr(module, "bias", None)
+        if isinstance(bias, torch.Tensor):
+            bias.zero_()
     tied = model.config.tie_word_embeddings
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            if not hasattr(module, "load_full_weight") or (tied and name == "lm_head"):
-                continue
-            shape = (
-                (module.num_embeddings, module.embedding_dim)
-                if isinstance(module, VocabParallelEmbedding)
-                else (module.output_size, module.input_size)
-            )
-            weight = torch.randn(shape, generator=generator) * 0.02
-            module.load_full_weight(weight.to(module.weight.dtype))
+    for name, module in model.named_modules():
+        if not hasattr(module, "load_full_weight") or (tied and name == "lm_head"):
+            continue
+        shape = (
+            (module.num_embeddings, module.embedding_dim)
+            if isinstance(module, VocabParallelEmbedding)
+            else (module.output_size, module.input_size)
+        )
+        weight = torch.randn(shape, generator=generator) * 0.02
+        module.load_full_weight(weight.to(module.weight.dtype))

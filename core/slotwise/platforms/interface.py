@@ -22,6 +22,7 @@ from slotwise import api_versioning
 
 if TYPE_CHECKING:
     from slotwise.compilation.config import CompilationConfig
+    from slotwise.compilation.graph_api import GraphAPI
 
 logger = logging.getLogger("slotwise")
 
@@ -33,11 +34,6 @@ class Platform:
     name: str = ""
     #: torch device type tensors live on ("cpu", "cuda", "npu", ...).  Override.
     device_type: str = ""
-    #: Name of the device family shown to users ("cpu", "cuda", "npu").
-    #: Default: the platform name.
-    device_name: str = ""
-    #: torch dispatch key of ``device_type`` ("CPU", "CUDA", "PrivateUse1").
-    dispatch_key: str = "CPU"
     #: ``torch.distributed`` backend for this platform's communicator.
     dist_backend: str = "gloo"
     #: Environment variable that selects visible devices ("CUDA_VISIBLE_DEVICES");
@@ -45,8 +41,6 @@ class Platform:
     device_control_env_var: str = ""
     #: Compiler used when ``CompilationConfig.backend`` is "" ("inductor" or "eager").
     default_compile_backend: str = "inductor"
-    #: Whether the platform can capture and replay static graphs (CUDA graphs, NPU graphs).
-    supports_static_graph: bool = False
     #: Which ``CustomOp.forward_<key>`` this platform runs ("native", "cpu", "cuda", "oot").
     custom_op_key: str = "native"
 
@@ -80,8 +74,6 @@ class Platform:
             raise TypeError(
                 f"{type(self).__name__} must set the class attributes 'name' and 'device_type'"
             )
-        if not self.device_name:
-            self.device_name = self.name
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r} device_type={self.device_type!r}>"
@@ -164,31 +156,25 @@ class Platform:
 
         return Communicator
 
-    def get_piecewise_backend_cls(self, **kwargs: Any) -> type:
-        """The ``AbstractPiecewiseBackend`` subclass that runs each piece at level 3.
+    def get_graph_api(self, **kwargs: Any) -> GraphAPI | None:
+        """The platform's static graphs (CUDA graphs, NPU graphs), or None without any.
 
-        Default: ``CompiledPiecewiseBackend`` (compile and dispatch, no capture) for
-        platforms without static graphs; graph platforms must return their own.
+        slotwise builds its static-graph wrappers and capturing piecewise backend
+        around it, so every platform keeps one contract.  Return the same object on
+        every call: its pool is shared by all graphs of the process.  None (the
+        default) leaves graph_mode NONE only.
         """
-        if self.supports_static_graph:
-            self._not_implemented(
-                "get_piecewise_backend_cls", "platforms with static graphs must capture them"
-            )
-        from slotwise.compilation.piecewise_backend import CompiledPiecewiseBackend
-
-        return CompiledPiecewiseBackend
-
-    def get_static_graph_wrapper_cls(self, **kwargs: Any) -> type | None:
-        """Whole-model static-graph wrapper (for FULL graphs); None where unsupported."""
         return None
 
-    def graph_pool(self, **kwargs: Any) -> Any:
-        """The memory pool shared by all static graphs of this process.
+    def get_piecewise_backend_cls(self, **kwargs: Any) -> type | None:
+        """An ``AbstractPiecewiseBackend`` subclass to run every piece at level 3, or None.
 
-        None on platforms without static graphs; graph platforms must override.
+        None (the default) lets slotwise choose, which is what platforms want:
+        ``CompiledPiecewiseBackend``, capturing through ``get_graph_api()`` in graph
+        modes with piecewise graphs.  Return a class only for full control of the
+        pieces; it is constructed as ``AbstractPiecewiseBackend`` documents, with
+        ``graph_api=get_graph_api()``.
         """
-        if self.supports_static_graph:
-            self._not_implemented("graph_pool", "platforms with static graphs must share a pool")
         return None
 
     # -- configuration -------------------------------------------------------------

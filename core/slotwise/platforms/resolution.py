@@ -15,7 +15,6 @@ SLOTWISE_PLATFORM set only the named platform is ever probed.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -24,6 +23,7 @@ from typing import Any
 
 import slotwise
 from slotwise import envs
+from slotwise.import_path import resolve_import_path
 from slotwise.platforms.errors import PlatformError, PlatformNotFoundError
 from slotwise.platforms.interface import Platform
 from slotwise.platforms.spec import PlatformSpec
@@ -326,22 +326,14 @@ def instantiate(entry: PlatformEntry) -> Platform:
 
 
 def _instantiate(entry: PlatformEntry) -> Platform:
-    module_name, _, qualname = entry.spec.platform_cls.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except Exception as exc:
-        raise PlatformError(
-            f"platform {entry.name!r} from {entry.plugin.label}: cannot import "
-            f"{entry.spec.platform_cls!r}: {type(exc).__name__}: {exc}"
-        ) from exc
-    if not (isinstance(obj, type) and issubclass(obj, Platform)):
-        raise PlatformError(
-            f"platform {entry.name!r} from {entry.plugin.label}: {entry.spec.platform_cls!r} "
-            "is not a subclass of slotwise.platforms.Platform"
-        )
-    platform = obj()
+    platform_cls = resolve_import_path(
+        entry.spec.platform_cls,
+        what=f"platform {entry.name!r} from {entry.plugin.label}",
+        fix=f"fix or uninstall {entry.plugin.distribution}",
+        expected_type=Platform,
+        error=PlatformError,
+    )
+    platform = platform_cls()
     if platform.name != entry.name:
         raise PlatformError(
             f"platform {entry.name!r} from {entry.plugin.label}: class "

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
+from slotwise.import_path import check_import_path
+
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-_CLASS_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
 @dataclass(frozen=True)
@@ -35,11 +36,11 @@ class PlatformSpec:
                 f"PlatformSpec.name {self.name!r} must be lower-case letters, digits and "
                 "underscores, starting with a letter (e.g. 'myvendor')"
             )
-        if not isinstance(self.platform_cls, str) or not _CLASS_PATH.match(self.platform_cls):
-            raise ValueError(
-                f"PlatformSpec.platform_cls {self.platform_cls!r} for {self.name!r} must be a "
-                "'module:Class' string, e.g. 'slotwise_myvendor.platform:MyVendorPlatform'"
-            )
+        check_import_path(
+            self.platform_cls,
+            f"PlatformSpec.platform_cls for {self.name!r}",
+            fix="give a 'module:Class' string such as 'slotwise_myvendor.platform:MyPlatform'",
+        )
         if not callable(self.probe):
             raise TypeError(f"PlatformSpec.probe for {self.name!r} must be callable")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):

@@ -14,11 +14,13 @@ initialise a device) inside them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from slotwise.plugins.markers import hookspec
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # names only: hook specs are read before any of these is imported
+    from slotwise.attention.registry import AttentionBackendRegistry
+    from slotwise.custom_op import CustomOpRegistry
     from slotwise.platforms.spec import PlatformSpec
 
 
@@ -34,8 +36,10 @@ def slotwise_platforms() -> list[PlatformSpec]:
 
 
 @hookspec
-def slotwise_register_attention_backends(registry: Any) -> None:
-    """Add attention backends to ``registry``, also for another plugin's platform.
+def slotwise_register_attention_backends(registry: AttentionBackendRegistry) -> None:
+    """Add attention backends to ``registry``, also for another plugin's platform:
+    ``registry.register("myplatform", "my_plugin.attention:MyBackend", priority=10)``.
+    A ``"module:Class"`` string is imported only when the backend is selected.
 
     A flash-attention package, for instance, adds its backend to the ``cuda``
     platform without the CUDA plugin knowing about it.
@@ -43,8 +47,10 @@ def slotwise_register_attention_backends(registry: Any) -> None:
 
 
 @hookspec
-def slotwise_register_custom_ops(registry: Any) -> None:
-    """Register out-of-tree implementations of ``CustomOp`` subclasses.
+def slotwise_register_custom_ops(registry: CustomOpRegistry) -> None:
+    """Register out-of-tree implementations of ``CustomOp`` subclasses:
+    ``registry.register("rms_norm", "myplatform", "my_plugin.ops:rms_norm")``, where
+    the function takes the op module first and then the op's forward arguments.
 
     Lets a plugin replace, e.g., RMSNorm on its platform without any change to
     model code.

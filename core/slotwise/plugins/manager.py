@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, TextIO, TypeVar
+from typing import Any, Protocol, TextIO, TypeVar
 
 import pluggy
 
@@ -33,7 +33,15 @@ from slotwise.plugins.markers import ENTRY_POINT_GROUP, PROJECT_NAME
 
 logger = logging.getLogger("slotwise")
 
-Registry = TypeVar("Registry")
+
+class Registry(Protocol):
+    """What a registration hook fills, e.g. the attention-backend or custom-op registry."""
+
+    def merge(self, other: Any, source: str) -> None:
+        """Take ``other``'s registrations, made by plugin ``source`` (its label)."""
+
+
+R = TypeVar("R", bound=Registry)
 
 
 class PluginError(SlotwiseError, RuntimeError):
@@ -167,22 +175,22 @@ class PluginManager:
         """Call ``hook_name`` on every loaded plugin; a plugin whose hook raises is failed."""
         return self._call_each(hook_name, lambda record: kwargs)
 
-    def register_each(
-        self, hook_name: str, new_registry: Callable[[], Registry]
-    ) -> list[tuple[PluginRecord, Registry]]:
-        """Call a registration hook with a fresh registry per plugin.
+    def register_all(self, hook_name: str, new_registry: Callable[[], R]) -> R:
+        """One registry filled through the registration hook ``hook_name`` of every plugin.
 
-        Returns the registries of the plugins whose hook returned without error, for
-        the caller to merge: a plugin that fails half-way leaves nothing behind.
+        Each plugin registers into a fresh registry of its own, merged only when its hook
+        returns without error: a plugin that fails half-way leaves nothing behind.
         """
-        registries: dict[str, Registry] = {}
+        staged: dict[str, R] = {}
 
         def fresh(record: PluginRecord) -> dict[str, Any]:
-            registries[record.name] = new_registry()
-            return {"registry": registries[record.name]}
+            staged[record.name] = new_registry()
+            return {"registry": staged[record.name]}
 
-        succeeded = self._call_each(hook_name, fresh)
-        return [(record, registries[record.name]) for record, _ in succeeded]
+        registry = new_registry()
+        for record, _ in self._call_each(hook_name, fresh):
+            registry.merge(staged[record.name], record.label)
+        return registry
 
     def _call_each(
         self, hook_name: str, kwargs_for: Callable[[PluginRecord], dict[str, Any]]

@@ -23,8 +23,8 @@ from slotwise.attention import (
     allocate_kv_caches,
     num_blocks_for,
 )
-from slotwise.compilation.config import CompilationConfig, ConfigError, GraphMode
-from slotwise.compilation.static_graph import runtime_graph_mode
+from slotwise.compilation.config import CompilationConfig, GraphMode
+from slotwise.compilation.graph_modes import require_graph_mode, step_graph_mode
 from slotwise.forward_context import BatchDescriptor, set_forward_context
 from slotwise.platforms import get_current_platform
 from slotwise.runner.capture import CaptureReport, capture_graphs
@@ -94,20 +94,8 @@ class ModelRunner:
         """The sizes steps are padded to; empty when this model runs without graphs."""
         if self.config is None or self.config.graph_mode in (None, GraphMode.NONE):
             return []
-        mode = self.config.graph_mode
-        if mode.has_full_graphs:
-            uniform_only = mode == GraphMode.FULL_AND_PIECEWISE
-            for layer in layers:
-                support = layer.attn_backend.graph_support
-                if not support.captures(uniform_only):
-                    batches = "uniform-decode batches" if uniform_only else "every batch"
-                    fallback = "FULL_AND_PIECEWISE" if support.captures(True) else "PIECEWISE"
-                    raise ConfigError(
-                        f"compilation config key 'graph_mode': {mode.name} captures the "
-                        f"attention of {batches} in full graphs, but backend "
-                        f"{layer.attn_backend.get_name()} has graph_support {support.name}; "
-                        f"use graph_mode={fallback}"
-                    )
+        for backend in dict.fromkeys(layer.attn_backend for layer in layers):
+            require_graph_mode(self.config.graph_mode, self.platform, backend)
         return sorted(self.config.capture_sizes or [])
 
     def _static_metadata(self, num_blocks: int) -> StaticAttentionMetadata | None:
@@ -148,15 +136,15 @@ class ModelRunner:
             assert self.buffers is not None
             views = self.buffers.fill(padded, input_ids=input_ids, positions=positions)
             input_ids, positions = views["input_ids"], views["positions"]
-        # The graph backends derive the step's graph mode from the descriptor (see
-        # slotwise.compilation.static_graph.runtime_graph_mode): graphs exactly when the
-        # padded size is a capture size, FULL for uniform decodes under FULL_AND_PIECEWISE.
+        # The graph wrappers derive the step's graph mode from the descriptor with the
+        # same rule (step_graph_mode): graphs exactly when the padded size is a capture
+        # size, FULL for uniform decodes under FULL_AND_PIECEWISE.
         descriptor = BatchDescriptor(num_tokens=padded, uniform_decode=uniform_decode)
         with (
             torch.inference_mode(),
             set_forward_context(metadata, batch_descriptor=descriptor) as context,
         ):
-            if graphs and runtime_graph_mode(self.config, padded) == GraphMode.FULL:
+            if graphs and step_graph_mode(self.config, padded, descriptor) == GraphMode.FULL:
                 context.attn_metadata = self._full_graph_metadata(padded, metadata)
             hidden = self.model(input_ids, positions)
         return hidden[:num_tokens]

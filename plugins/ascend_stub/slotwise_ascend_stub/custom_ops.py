@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import torch
 
-from slotwise.layers.layernorm import RMSNorm
+from slotwise.layers.layernorm import RMSNorm, norm_with_residual
 
 
 def rms_norm(
     layer: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    if residual is not None:
-        x = x + residual
-        residual = x
-    mean_square = x.float().square().mean(dim=-1, keepdim=True)
-    normed = x.float() * (mean_square + layer.eps).rsqrt() * layer.weight.float()
-    normed = normed.to(x.dtype)
-    return normed if residual is None else (normed, residual)
+    def norm(x: torch.Tensor) -> torch.Tensor:
+        mean_square = x.float().square().mean(dim=-1, keepdim=True)
+        normed = x.float() * (mean_square + layer.eps).rsqrt() * layer.weight.float()
+        return normed.to(x.dtype)
+
+    # The residual add is slotwise's helper, so every implementation returns the same.
+    return norm_with_residual(norm, x, residual)

@@ -1,8 +1,8 @@
-"""Simulated NPU graphs, plugged into slotwise's static-graph machinery.
+"""Simulated NPU graphs: the stub's ``GraphAPI`` (``AscendStubPlatform.get_graph_api()``).
 
-slotwise's ``StaticGraphWrapper`` keeps the static-graph contract (warm-ups,
-capture per size, input-address checks, one shared pool); a platform only says
-how to capture and replay one graph, through a ``GraphAPI``.  A real vendor wraps
+slotwise keeps the static-graph contract (warm-ups, capture per size, input-address
+checks, one shared pool); a platform only says how to capture and replay one graph,
+through a ``GraphAPI`` (``slotwise.compilation.graph_api``).  A real vendor wraps
 its SDK's graph object here.  The stub "captures" by remembering the work; a
 replay recomputes it from the captured input tensors and writes into the captured
 output tensors, which is exactly what a device graph lets a caller observe: new
@@ -21,10 +21,6 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from slotwise.compilation.static_graph_wrapper import (
-    StaticGraphPiecewiseBackend,
-    StaticGraphWrapper,
-)
 from slotwise.forward_context import ForwardContext, set_forward_context, try_get_forward_context
 
 
@@ -94,9 +90,6 @@ class StubNpuGraphAPI:
     def pool(self) -> Any:
         return self._pool
 
-    def synchronize(self) -> None:
-        return None  # the simulated device runs synchronously
-
     def weak_ref(self, outputs: Any) -> Any:
         # On a device, the pool keeps captured memory alive and a weak alias lets it be
         # reused; host memory has no such pool, so the stub keeps strong references.
@@ -106,11 +99,3 @@ class StubNpuGraphAPI:
 
 #: One API (hence one pool) for every graph of the process.
 stub_graph_api = StubNpuGraphAPI()
-
-
-class AscendStubGraphWrapper(StaticGraphWrapper):
-    default_graph_api = stub_graph_api
-
-
-class AscendStubPiecewiseBackend(StaticGraphPiecewiseBackend):
-    wrapper_cls = AscendStubGraphWrapper

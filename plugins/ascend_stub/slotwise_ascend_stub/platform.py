@@ -15,6 +15,7 @@ from slotwise_ascend_stub.plugin import DEVICES_ENV_VAR
 
 if TYPE_CHECKING:
     from slotwise.compilation.config import CompilationConfig
+    from slotwise_ascend_stub.graphs import StubNpuGraphAPI
 
 #: Memory each simulated NPU pretends to have.
 STUB_DEVICE_MEMORY = 16 * 1024**3
@@ -25,12 +26,9 @@ COLLECTIVE_SPLITTING_OP = "slotwise::tp_all_reduce"
 class AscendStubPlatform(Platform):
     name = "ascend_stub"
     device_type = "cpu"  # tensors live on the CPU; a real NPU would say "npu"
-    device_name = "npu"
-    dispatch_key = "CPU"  # a real out-of-tree device registers "PrivateUse1"
     dist_backend = "hccl_stub"  # vendor-named collective backend, running on gloo
     device_control_env_var = DEVICES_ENV_VAR
     default_compile_backend = "eager"  # no Inductor backend for this "hardware"
-    supports_static_graph = True  # NPU graphs, simulated on the CPU
     custom_op_key = "oot"  # CustomOp.forward_oot is the out-of-tree implementation
 
     def __init__(self) -> None:
@@ -67,22 +65,11 @@ class AscendStubPlatform(Platform):
         register_backend()
         return AscendStubCommunicator
 
-    # -- static graphs: the core keeps the contract, the stub supplies the graphs ----
-
-    def get_piecewise_backend_cls(self, **kwargs: Any) -> type:
-        from slotwise_ascend_stub.graphs import AscendStubPiecewiseBackend
-
-        return AscendStubPiecewiseBackend
-
-    def get_static_graph_wrapper_cls(self, **kwargs: Any) -> type:
-        from slotwise_ascend_stub.graphs import AscendStubGraphWrapper
-
-        return AscendStubGraphWrapper
-
-    def graph_pool(self, **kwargs: Any) -> Any:
+    def get_graph_api(self, **kwargs: Any) -> StubNpuGraphAPI:
+        """NPU graphs, simulated on the CPU: slotwise captures and replays through them."""
         from slotwise_ascend_stub.graphs import stub_graph_api
 
-        return stub_graph_api.pool()
+        return stub_graph_api
 
     def check_and_update_config(self, config: CompilationConfig, **kwargs: Any) -> None:
         """The base defaults, plus: collectives run between graphs on this "hardware".

@@ -18,11 +18,9 @@ from slotwise.platforms import Platform
 class CpuPlatform(Platform):
     name = "cpu"
     device_type = "cpu"
-    dispatch_key = "CPU"
     dist_backend = "gloo"
     device_control_env_var = ""
     default_compile_backend = "inductor"
-    supports_static_graph = False
     custom_op_key = "cpu"
 
     def device_count(self, **kwargs: Any) -> int:

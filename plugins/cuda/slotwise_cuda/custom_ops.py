@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from slotwise.layers.activation import SiluAndMul
-from slotwise.layers.layernorm import RMSNorm
+from slotwise.layers.layernorm import RMSNorm, norm_with_residual
 from slotwise.layers.rotary_embedding import RotaryEmbedding
 from slotwise_cuda.kernels import activation, layernorm, rotary
 
@@ -17,14 +17,13 @@ from slotwise_cuda.kernels import activation, layernorm, rotary
 def rms_norm(
     layer: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    if residual is not None:
-        x = x + residual
-        residual = x
-    flat = x.reshape(-1, x.shape[-1]).contiguous()
-    out = torch.empty_like(flat)
-    layernorm.rms_norm(flat, layer.weight, layer.eps, out)
-    out = out.view_as(x)
-    return out if residual is None else (out, residual)
+    def norm(x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).contiguous()
+        out = torch.empty_like(flat)
+        layernorm.rms_norm(flat, layer.weight, layer.eps, out)
+        return out.view_as(x)
+
+    return norm_with_residual(norm, x, residual)
 
 
 def silu_and_mul(layer: SiluAndMul, x: torch.Tensor) -> torch.Tensor:

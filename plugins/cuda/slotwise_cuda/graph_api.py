@@ -1,4 +1,4 @@
-"""CUDA graphs behind slotwise's ``GraphAPI``.
+"""CUDA graphs behind slotwise's ``GraphAPI`` (``CudaPlatform.get_graph_api()``).
 
 Everything that touches ``torch.cuda`` graph machinery is here; the bookkeeping
 of the static-graph contract is the core's ``StaticGraphWrapper``, so it is tested
@@ -13,7 +13,7 @@ import unittest.mock
 from collections.abc import Callable
 from typing import Any
 
-from slotwise.compilation.static_graph import weak_ref_tensors
+from slotwise.compilation.graph_api import weak_ref_tensors
 
 
 class CudaGraph:
@@ -51,11 +51,6 @@ class CudaGraphAPI:
 
             self._pool = torch.cuda.graph_pool_handle()
         return self._pool
-
-    def synchronize(self) -> None:
-        import torch
-
-        torch.cuda.synchronize()
 
     def weak_ref(self, outputs: Any) -> Any:
         return weak_ref_tensors(outputs)

@@ -6,19 +6,20 @@ is selected, and selection must not create a CUDA context.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slotwise.platforms import Platform
+
+if TYPE_CHECKING:
+    from slotwise_cuda.graph_api import CudaGraphAPI
 
 
 class CudaPlatform(Platform):
     name = "cuda"
     device_type = "cuda"
-    dispatch_key = "CUDA"
     dist_backend = "nccl"
     device_control_env_var = "CUDA_VISIBLE_DEVICES"
     default_compile_backend = "inductor"
-    supports_static_graph = True
     custom_op_key = "cuda"
 
     def device_count(self, **kwargs: Any) -> int:
@@ -56,18 +57,7 @@ class CudaPlatform(Platform):
 
         torch.cuda.synchronize()
 
-    def graph_pool(self, **kwargs: Any) -> Any:
-        """One memory pool for every CUDA graph of the process, so pieces share memory."""
+    def get_graph_api(self, **kwargs: Any) -> CudaGraphAPI:
         from slotwise_cuda.graph_api import cuda_graph_api
 
-        return cuda_graph_api.pool()
-
-    def get_piecewise_backend_cls(self, **kwargs: Any) -> type:
-        from slotwise_cuda.piecewise_backend import CudaPiecewiseBackend
-
-        return CudaPiecewiseBackend
-
-    def get_static_graph_wrapper_cls(self, **kwargs: Any) -> type:
-        from slotwise_cuda.graph_wrapper import CudaGraphWrapper
-
-        return CudaGraphWrapper
+        return cuda_graph_api

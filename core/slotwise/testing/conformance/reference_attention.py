@@ -1,12 +1,13 @@
-"""The oracle of the attention check: paged attention written plainly, in float64.
+"""The oracle of every attention check: attention written plainly, in float64.
 
-It keeps its own KV cache in the documented layout ``[2, num_blocks, block_size,
-num_kv_heads, head_size]``, stores each step's keys and values at the slot mapping,
-gathers a request's keys and values through its block table, and masks causally
-with the request's cached tokens as an offset.  It reads only the core
-``AttentionMetadata`` fields built by the core ``AttentionMetadataBuilder``, so it
-checks a backend whatever the layout of the backend's own cache and whatever extra
-fields the backend's metadata builder adds.
+``causal_attention`` is the math of one request, dense and unpaged.
+``ReferenceAttention`` adds the paging around it: it keeps its own KV cache in the
+documented layout ``[2, num_blocks, block_size, num_kv_heads, head_size]``, stores
+each step's keys and values at the slot mapping and gathers a request's keys and
+values through its block table.  It reads only the core ``AttentionMetadata`` fields
+built by the core ``AttentionMetadataBuilder``, so it checks a backend whatever the
+layout of the backend's own cache and whatever extra fields the backend's metadata
+builder adds.
 """
 
 from __future__ import annotations
@@ -14,6 +15,31 @@ from __future__ import annotations
 import torch
 
 from slotwise.attention import AttentionMetadata
+
+
+def causal_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Causal attention of one request, on the CPU in float64.
+
+    q is [query_len, num_heads, head_size]: the request's last ``query_len`` tokens.
+    keys/values are [seq_len, num_kv_heads, head_size]: all its tokens, cached and new.
+    Query head h reads key/value head h // (num_heads // num_kv_heads).
+    Returns [query_len, num_heads, head_size].
+    """
+    query_len, num_heads, head_size = q.shape
+    seq_len, num_kv_heads, _ = keys.shape
+    group = num_heads // num_kv_heads
+    # Query token i sits at position seq_len - query_len + i.
+    positions = torch.arange(seq_len - query_len, seq_len)
+    future = torch.arange(seq_len)[None, :] > positions[:, None]
+    out = torch.empty(query_len, num_heads, head_size, dtype=torch.float64)
+    for h in range(num_heads):
+        k = keys[:, h // group].double().cpu()
+        v = values[:, h // group].double().cpu()
+        scores = (q[:, h].double().cpu() @ k.T) * scale
+        out[:, h] = scores.masked_fill(future, float("-inf")).softmax(dim=-1) @ v
+    return out
 
 
 class ReferenceAttention:
@@ -53,19 +79,11 @@ class ReferenceAttention:
             self.kv_cache[0, block, offset] = k[t].double()
             self.kv_cache[1, block, offset] = v[t].double()
         out = torch.empty(num_tokens, self.num_heads, q.shape[-1], dtype=torch.float64)
-        group = self.num_heads // self.num_kv_heads
         for r in range(metadata.num_reqs):
             start = int(metadata.query_start_loc[r])
             end = int(metadata.query_start_loc[r + 1])
-            seq_len = int(metadata.seq_lens[r])
-            keys, values = self._gather(metadata.block_table[r], seq_len)
-            # Query token i of the request sits at position seq_len - query_len + i.
-            positions = torch.arange(seq_len - (end - start), seq_len)
-            future = torch.arange(seq_len)[None, :] > positions[:, None]
-            for h in range(self.num_heads):
-                scores = q[start:end, h].double() @ keys[:, h // group].T * self.scale
-                probs = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
-                out[start:end, h] = probs @ values[:, h // group]
+            keys, values = self._gather(metadata.block_table[r], int(metadata.seq_lens[r]))
+            out[start:end] = causal_attention(q[start:end], keys, values, self.scale)
         return out
 
     def _gather(self, block_row: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,7 +1,8 @@
 """Check ``compile``: level 3 splits, compiles and runs pieces through the platform's backend.
 
 ``SillyModel`` has two splitting ops, so Dynamo's one graph splits into five pieces
-of which three are capturable and handed to ``get_piecewise_backend_cls()``.
+of which three are capturable, each run by a piecewise backend (the platform's own
+from ``get_piecewise_backend_cls()``, else slotwise's).
 Static graphs are off here (``graph_mode`` NONE), so fresh inputs of any size are
 fine; the static-graph check covers capture.
 """

@@ -17,17 +17,17 @@ from slotwise.testing.conformance import target
 ATTRIBUTE_TYPES: dict[str, type] = {
     "name": str,
     "device_type": str,
-    "device_name": str,
-    "dispatch_key": str,
     "dist_backend": str,
     "device_control_env_var": str,
     "default_compile_backend": str,
-    "supports_static_graph": bool,
     "custom_op_key": str,
 }
 
 #: Values ``custom_op_key`` may take: the ``CustomOp.forward_<key>`` methods that exist.
 CUSTOM_OP_KEYS = ("native", "cpu", "cuda", "oot")
+
+#: What slotwise calls on the object ``get_graph_api()`` returns.
+GRAPH_API_METHODS = ("new_graph", "pool", "weak_ref")
 
 #: Methods slotwise calls with keyword arguments; each must accept unknown ones.
 INTERFACE_METHODS = (
@@ -41,9 +41,8 @@ INTERFACE_METHODS = (
     "seed_everything",
     "get_attention_backend_cls",
     "get_communicator_cls",
+    "get_graph_api",
     "get_piecewise_backend_cls",
-    "get_static_graph_wrapper_cls",
-    "graph_pool",
     "check_and_update_config",
 )
 
@@ -71,6 +70,31 @@ def test_class_attributes_have_the_documented_types() -> None:
             CompilationConfig(backend=platform.default_compile_backend)
         except ConfigError as exc:
             problems.append(f"default_compile_backend is not a valid compile backend: {exc}")
+    if problems:
+        target.fail("; ".join(problems))
+
+
+def test_graph_hooks_answer_with_what_slotwise_builds_on() -> None:
+    from slotwise.compilation.piecewise_backend import AbstractPiecewiseBackend
+
+    platform = target.platform()
+    problems = []
+    graph_api = platform.get_graph_api()
+    if graph_api is not None:
+        missing = [m for m in GRAPH_API_METHODS if not callable(getattr(graph_api, m, None))]
+        if missing:
+            problems.append(
+                f"get_graph_api() returned {graph_api!r}, which lacks {', '.join(missing)}(); "
+                "return None or a slotwise.compilation.graph_api.GraphAPI"
+            )
+    cls = platform.get_piecewise_backend_cls()
+    if cls is not None and not (
+        isinstance(cls, type) and issubclass(cls, AbstractPiecewiseBackend)
+    ):
+        problems.append(
+            f"get_piecewise_backend_cls() returned {cls!r}; return None (slotwise's backend) "
+            "or a subclass of slotwise.compilation.AbstractPiecewiseBackend"
+        )
     if problems:
         target.fail("; ".join(problems))
 

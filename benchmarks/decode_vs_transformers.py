@@ -1,0 +1,343 @@
+"""Decode-step latency of one checkpoint: slotwise against Hugging Face transformers.
+
+Why: loading Hugging Face checkpoints is only worth it if slotwise then runs them
+faster than transformers does.  The script saves a random Llama checkpoint at run
+time with transformers (default: hidden 512, 8 layers, 8 query and 4 key/value
+heads, vocabulary 8192, float32: the shape of the ``small`` preset) and times, in
+one process, one decode step (one new token for each of ``batch`` requests whose
+prompts are already cached) of four variants:
+
+* ``transformers eager``: ``AutoModelForCausalLM`` with its dynamic cache (the cache
+  is cropped back by one token between steps, untimed);
+* ``transformers compile+static``: the same with a ``StaticCache`` and its forward
+  under ``torch.compile(fullgraph=True)``, transformers' fastest path;
+* ``slotwise eager``: ``load_model`` at level 0 and ``ModelRunner.step``;
+* ``slotwise level3``: the same at level 3 (piecewise, Inductor).
+
+Each step goes through the public entry point (``model(...)``, ``runner.step(...)``),
+so slotwise's attention metadata and transformers' masks are both paid.  Variants are
+interleaved step by step.  "setup s" is the prefill and the first step of each row,
+where the compiled variants compile (untimed), and that step's logits are compared with
+transformers eager's.  Target: slotwise
+level 3 at least 2x transformers' fastest variant at batch 1.
+
+Results go to ``<out-dir>/decode_vs_transformers.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from common import (
+    LOG,
+    add_output_args,
+    configure_logging,
+    emit,
+    environment,
+    package_version,
+    utc_timestamp,
+    verdict,
+    write_outputs,
+)
+
+from slotwise.stats import percentile
+
+TARGET_RATIO = 2.0
+PROMPT_LEN = 32
+
+#: A decode step, ready to run again and again: ``reset`` (untimed) puts the cache back
+#: where the step expects it, ``step`` runs it and returns the logits [batch, vocab].
+Step = tuple[Callable[[], None], Callable[[], Any]]
+
+
+def write_checkpoint(folder: Path, args: argparse.Namespace) -> None:
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=args.vocab_size,
+        hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.hidden_size // 64,
+        num_key_value_heads=args.hidden_size // 128,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+    )
+    config.architectures = ["LlamaForCausalLM"]
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+
+
+def back_to_prompt(cache: Any) -> None:
+    """Drop the token the last step added to a transformers cache (dynamic or static:
+    a static one counts its length too)."""
+    if cache.get_seq_length() > PROMPT_LEN:
+        cache.crop(-1)
+
+
+def transformers_eager(folder: Path) -> Callable[[Any], Step]:
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+    def prepare(prompts: Any) -> Step:
+        cache = transformers.DynamicCache(config=model.config)
+        with torch.inference_mode():
+            model(input_ids=prompts, past_key_values=cache, use_cache=True)
+        token = torch.ones(prompts.shape[0], 1, dtype=torch.long)
+
+        def step() -> Any:
+            with torch.inference_mode():
+                return model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1]
+
+        return lambda: back_to_prompt(cache), step
+
+    return prepare
+
+
+def transformers_compiled(folder: Path) -> Callable[[Any], Step]:
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    compiled = torch.compile(model.forward, fullgraph=True)
+
+    def prepare(prompts: Any) -> Step:
+        batch = prompts.shape[0]
+        cache = transformers.StaticCache(config=model.config, max_cache_len=PROMPT_LEN + 1)
+        with torch.inference_mode():
+            model(
+                input_ids=prompts,
+                past_key_values=cache,
+                cache_position=torch.arange(PROMPT_LEN),
+                use_cache=True,
+            )
+        token = torch.ones(batch, 1, dtype=torch.long)
+        position = torch.tensor([PROMPT_LEN])
+
+        def step() -> Any:
+            with torch.inference_mode():
+                return compiled(
+                    input_ids=token,
+                    past_key_values=cache,
+                    cache_position=position,
+                    position_ids=position.expand(batch, 1),
+                    use_cache=True,
+                ).logits[:, -1]
+
+        return lambda: back_to_prompt(cache), step
+
+    return prepare
+
+
+def slotwise_runner(folder: Path, level: int) -> Callable[[Any], Step]:
+    from slotwise.models import load_model
+    from slotwise.runner.model_runner import ModelRunner
+
+    model = load_model(folder, compilation_config={"level": level})
+    runner = ModelRunner(model, num_blocks=64)
+
+    def prepare(prompts: Any) -> Step:
+        requests = runner.add_requests(prompts.tolist(), max_new_tokens=1)
+        runner.step(requests)  # the prefill
+        for request in requests:
+            request.tokens.append(1)
+
+        def reset() -> None:  # the step recomputes the new token in place
+            for request in requests:
+                request.num_cached = PROMPT_LEN
+
+        return reset, lambda: runner.step(requests)
+
+    return prepare
+
+
+def variants(
+    folder: Path, skip: set[str]
+) -> tuple[dict[str, Callable[[Any], Step]], dict[str, str]]:
+    """The variants that could be built, and why the others could not."""
+    builders = {
+        "transformers eager": lambda: transformers_eager(folder),
+        "transformers compile+static": lambda: transformers_compiled(folder),
+        "slotwise eager": lambda: slotwise_runner(folder, 0),
+        "slotwise level3": lambda: slotwise_runner(folder, 3),
+    }
+    built, failed = {}, {}
+    for name, build in builders.items():
+        if name in skip:
+            failed[name] = "skipped (--skip)"
+            continue
+        try:
+            built[name] = build()
+        except Exception as exc:  # noqa: BLE001 - recorded in the report, not hidden
+            failed[name] = f"{type(exc).__name__}: {exc}"
+    return built, failed
+
+
+def measure(
+    prepares: dict[str, Callable[[Any], Step]],
+    failed: dict[str, str],
+    batch: int,
+    args: argparse.Namespace,
+) -> dict[str, dict[str, float]]:
+    """One row per variant at ``batch``: setup time, logit difference to
+    transformers eager, and the timed steps, interleaved."""
+    import torch
+
+    generator = torch.Generator().manual_seed(batch)
+    prompts = torch.randint(0, args.vocab_size, (batch, PROMPT_LEN), generator=generator)
+    steps, rows, logits = {}, {}, {}
+    for name, prepare in prepares.items():
+        if name in failed:
+            continue
+        try:
+            start = time.perf_counter()
+            reset, step = steps[name] = prepare(prompts)
+            reset()
+            logits[name] = step().float()
+            rows[name] = {"setup_s": round(time.perf_counter() - start, 2)}
+            LOG.info("batch %d: %s ready in %.1f s", batch, name, rows[name]["setup_s"])
+        except Exception as exc:  # noqa: BLE001 - e.g. a compile that fails on this machine
+            failed[name] = f"{type(exc).__name__}: {exc}"
+            steps.pop(name, None)
+    samples: dict[str, list[float]] = {name: [] for name in steps}
+    for round_index in range(args.warmups + args.iterations):
+        for name, (reset, step) in steps.items():
+            reset()
+            start = time.perf_counter()
+            step()
+            if round_index >= args.warmups:
+                samples[name].append(time.perf_counter() - start)
+    reference = logits.get("transformers eager")
+    for name, times in samples.items():
+        p50 = statistics.median(times)
+        rows[name].update(
+            p50_ms=round(p50 * 1e3, 3),
+            p90_ms=round(percentile(times, 90) * 1e3, 3),
+            tokens_per_second=round(batch / p50, 1),
+            max_abs_logit_diff=None
+            if reference is None
+            else float((logits[name] - reference).abs().max()),
+        )
+    return rows
+
+
+def build_report(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="slotwise-vs-hf-") as tmp:
+        folder = Path(tmp)
+        LOG.info("writing the checkpoint")
+        write_checkpoint(folder, args)
+        prepares, failed = variants(folder, set(args.skip))
+        results = {batch: measure(prepares, failed, batch, args) for batch in args.batch_sizes}
+    ratios = {}
+    for batch, rows in results.items():
+        theirs = [rows[n]["p50_ms"] for n in rows if n.startswith("transformers")]
+        if "slotwise level3" in rows and theirs:
+            ratios[batch] = round(min(theirs) / rows["slotwise level3"]["p50_ms"], 3)
+    first = args.batch_sizes[0]
+    return {
+        **environment(),
+        "transformers_version": package_version("transformers"),
+        "torch_threads": torch.get_num_threads(),
+        "checkpoint": {
+            "hidden_size": args.hidden_size,
+            "intermediate_size": args.intermediate_size,
+            "layers": args.layers,
+            "vocab_size": args.vocab_size,
+            "dtype": "float32",
+            "prompt_len": PROMPT_LEN,
+        },
+        "iterations": args.iterations,
+        "results": {str(batch): rows for batch, rows in results.items()},
+        "failed": failed,
+        "level3_vs_fastest_transformers": {str(b): r for b, r in ratios.items()},
+        "target_ratio": TARGET_RATIO,
+        "meets_target": ratios.get(first, 0.0) >= TARGET_RATIO,
+        "timestamp": utc_timestamp(),
+    }
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    checkpoint = report["checkpoint"]
+    lines = [
+        f"Checkpoint: random Llama, hidden {checkpoint['hidden_size']}, {checkpoint['layers']} "
+        f"layers, vocabulary {checkpoint['vocab_size']}, float32, {checkpoint['prompt_len']}-token "
+        f"prompts; {report['iterations']} steps per row, {report['torch_threads']} threads, "
+        f"transformers {report['transformers_version']}, torch {report['torch_version']}.",
+        "",
+        "| variant | batch | p50 ms | p90 ms | tokens/s | setup s | max \\|dlogit\\| |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for batch, rows in report["results"].items():
+        for name, r in rows.items():
+            diff = "-" if r["max_abs_logit_diff"] is None else f"{r['max_abs_logit_diff']:.1e}"
+            lines.append(
+                f"| {name} | {batch} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} "
+                f"| {r['tokens_per_second']:.0f} | {r['setup_s']:.1f} | {diff} |"
+            )
+    lines.append("")
+    for name, reason in report["failed"].items():
+        lines.append(f"- {name}: not measured: {reason}")
+    for batch, ratio in report["level3_vs_fastest_transformers"].items():
+        lines.append(
+            f"- slotwise level3 vs fastest transformers variant, batch {batch}: {ratio:.2f}x"
+        )
+    lines += [
+        "",
+        f"Target: slotwise level3 >= {report['target_ratio']}x the fastest transformers "
+        f"variant at batch 1: **{verdict(report['meets_target'])}**",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--batch-sizes", type=lambda t: [int(b) for b in t.split(",")], default=[1, 8]
+    )
+    parser.add_argument("--iterations", type=int, default=30, help="timed steps per row")
+    parser.add_argument("--warmups", type=int, default=5)
+    parser.add_argument("--hidden-size", type=int, default=512, help="a multiple of 128")
+    parser.add_argument("--intermediate-size", type=int, default=1376)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--vocab-size", type=int, default=8192)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's)"
+    )
+    parser.add_argument(
+        "--skip", action="append", default=[], metavar="VARIANT", help="a variant not to run"
+    )
+    add_output_args(parser)
+    args = parser.parse_args(argv)
+    if args.iterations < 1 or args.warmups < 0 or min(args.batch_sizes) < 1:
+        parser.error("--iterations and --batch-sizes must be at least 1, --warmups at least 0")
+    if args.hidden_size % 128:
+        parser.error("--hidden-size must be a multiple of 128 (64-wide heads, 2 per KV head)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    configure_logging()
+    args = parse_args(argv)
+    report = build_report(args)
+    markdown = render_markdown(report)
+    write_outputs("decode_vs_transformers", report, markdown, args.out_dir)
+    emit(report, markdown, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""``slotwise generate``: text from a Hugging Face checkpoint folder, streamed as it comes.
+
+One prompt streams its text to stdout as the tokens come.  Several prompts run as one
+batch, and each one's text is printed whole under a ``[prompt N]`` line when it
+finishes (N counts the --prompt arguments from 0, as errors and the JSON ``index``
+do): streamed side by side, their pieces would interleave.  ``--json`` prints one
+object per prompt and line, in prompt order, at the end.  stdout carries only text or
+JSON; timings (time to first token, tokens per second) and logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from slotwise.cli.arguments import float_in, int_at_least
+from slotwise.errors import SlotwiseError
+
+if TYPE_CHECKING:
+    from slotwise.compilation.config import CompilationConfig
+    from slotwise.models.tokenizer import Tokenizer
+    from slotwise.runner.generation import Completion
+    from slotwise.runner.sampling import SamplingParams
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class GenerateArgumentError(SlotwiseError):
+    """An argument found wrong only once read against the checkpoint; main() reports it
+    like argparse does (exit 2)."""
+
+
+def add_parser(commands: Any, name: str) -> None:
+    from slotwise.compilation.config import CompilationConfig
+
+    parser = commands.add_parser(name, help="generate text from a Hugging Face checkpoint")
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="DIR",
+        help="checkpoint folder: config.json, *.safetensors, tokenizer.json",
+    )
+    parser.add_argument(
+        "--prompt",
+        required=True,
+        action="append",
+        metavar="TEXT",
+        help="prompt text; repeat for several prompts, which run as one batch",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int_at_least(1),
+        default=64,
+        help="tokens to generate per prompt at most (>= 1, default 64)",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float_in(0),
+        default=0.0,
+        help="sampling temperature (>= 0; default 0: greedy)",
+    )
+    parser.add_argument(
+        "--top-p",
+        type=float_in(0, 1, low_open=True),
+        default=1.0,
+        help="nucleus sampling: keep the most likely tokens up to this mass (0 < p <= 1)",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=int_at_least(0),
+        default=0,
+        help="keep the k most likely tokens (>= 0; default 0: all)",
+    )
+    parser.add_argument(
+        "--seed", type=int_at_least(0), default=None, help="seed of the sampling (>= 0)"
+    )
+    parser.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="do not stop at end-of-sequence tokens: always generate --max-new-tokens",
+    )
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="wrap each prompt as a user message in the checkpoint's chat template",
+    )
+    parser.add_argument(
+        "--tp",
+        type=int_at_least(1),
+        default=1,
+        help="tensor-parallel size (>= 1); run under torchrun with as many processes "
+        "(torchrun --nproc-per-node N -m slotwise generate --tp N ...); rank 0 prints",
+    )
+    parser.add_argument(
+        "--dtype", choices=DTYPES, default=None, help="weights' dtype (default: config.json's)"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object per prompt and line"
+    )
+    CompilationConfig.add_cli_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from slotwise.compilation.config import CompilationConfig
+    from slotwise.runner.sampling import SamplingParams
+
+    config = CompilationConfig.from_cli_namespace(args)
+    sampling = SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
+    )
+    if args.tp > 1 and not sampling.greedy and args.seed is None:
+        raise GenerateArgumentError(
+            "argument --seed: sampling under --tp needs a seed, so that every rank draws "
+            "the same tokens"
+        )
+    folder = Path(args.model)
+    if not folder.is_dir():
+        raise GenerateArgumentError(f"argument --model: {folder}: no such folder")
+
+    from slotwise.models.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.load(folder)  # before the model: a tokenizer error costs nothing
+    prompts = [encode(tokenizer, text, chat=args.chat) for text in args.prompt]
+    rank = 0
+    if args.tp > 1:
+        from slotwise.distributed import init_distributed
+
+        rank = init_distributed(tensor_parallel_size=args.tp).rank
+    try:
+        completions = _generate(args, config, sampling, tokenizer, prompts, show=rank == 0)
+    finally:
+        if args.tp > 1:
+            from slotwise.distributed import shutdown_distributed
+
+            shutdown_distributed()
+    if rank == 0:
+        if args.json:
+            for text, completion in zip(args.prompt, completions, strict=True):
+                print(json.dumps(as_json(text, completion, tokenizer), ensure_ascii=False))
+        print(summary(completions), file=sys.stderr)
+    return 0
+
+
+def encode(tokenizer: Tokenizer, text: str, *, chat: bool) -> list[int]:
+    """The prompt's ids; a chat prompt is rendered by the template, which writes the
+    special tokens itself."""
+    if chat:
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}])
+        return tokenizer.encode(rendered, add_special_tokens=False)
+    return tokenizer.encode(text)
+
+
+def _generate(
+    args: argparse.Namespace,
+    config: CompilationConfig,
+    sampling: SamplingParams,
+    tokenizer: Tokenizer,
+    prompts: list[list[int]],
+    *,
+    show: bool,
+) -> list[Completion]:
+    from slotwise.models import load_model
+    from slotwise.runner.generation import generate
+    from slotwise.runner.model_runner import ModelRunner, check_prompts
+
+    model = load_model(args.model, dtype=args.dtype, compilation_config=config)
+    try:  # before compiling or capturing anything
+        check_prompts(
+            prompts,
+            args.max_new_tokens,
+            vocab_size=model.config.vocab_size,
+            max_model_len=model.config.max_position,
+        )
+    except ValueError as exc:
+        raise GenerateArgumentError(f"argument --prompt: {exc}") from exc
+    block = model.config.block_size
+    # Exactly the blocks the batch needs, and one a FULL graph may reserve.
+    num_blocks = sum(-(-(len(p) + args.max_new_tokens) // block) for p in prompts) + 1
+    runner = ModelRunner(model, num_blocks=num_blocks)
+    runner.capture(progress=show and not args.json)
+    printer = Printer(tokenizer, stream=len(prompts) == 1)
+    return generate(
+        runner,
+        prompts,
+        max_new_tokens=args.max_new_tokens,
+        sampling=sampling,
+        eos_token_ids=tokenizer.eos_token_ids or model.config.eos_token_ids,
+        ignore_eos=args.ignore_eos,
+        on_step=printer if show and not args.json else None,
+    )
+
+
+class Printer:
+    """Writes text to stdout as ``generate`` reports each step: one prompt's pieces as
+    they come, or each of several prompts whole when it finishes."""
+
+    def __init__(self, tokenizer: Tokenizer, *, stream: bool) -> None:
+        self.tokenizer = tokenizer
+        self.decoder = tokenizer.stream() if stream else None
+
+    def __call__(self, stepped: list[Completion]) -> None:
+        for completion in stepped:
+            if self.decoder is not None:
+                piece = self.decoder.push(completion.token_ids[-1])
+                if completion.finish_reason:
+                    piece += self.decoder.flush() + "\n"
+                sys.stdout.write(piece)
+            elif completion.finish_reason:
+                text = self.tokenizer.decode(completion.token_ids)
+                sys.stdout.write(f"[prompt {completion.index}]\n{text}\n")
+        sys.stdout.flush()
+
+
+def as_json(prompt: str, completion: Completion, tokenizer: Tokenizer) -> dict[str, Any]:
+    return {
+        "index": completion.index,
+        "prompt": prompt,
+        "prompt_token_ids": completion.prompt_token_ids,
+        "token_ids": completion.token_ids,
+        "text": tokenizer.decode(completion.token_ids),
+        "finish_reason": completion.finish_reason,
+        "ttft_s": round(completion.ttft_s, 6),
+        "tokens_per_second": completion.tokens_per_second,
+    }
+
+
+def summary(completions: list[Completion]) -> str:
+    """One line of timings: the decode rate of one prompt, or of the whole batch (the
+    tokens after each first one over the time from the first token to the last)."""
+    tokens = sum(len(c.token_ids) for c in completions)
+    ttft = completions[0].ttft_s  # one prefill step for the whole batch
+    decoded = tokens - len(completions)
+    decode_seconds = max(c.seconds for c in completions) - ttft
+    rate = f"{decoded / decode_seconds:.1f} tokens/s" if decoded and decode_seconds > 0 else "-"
+    what = (
+        f"{tokens} tokens"
+        if len(completions) == 1
+        else f"{len(completions)} prompts, {tokens} tokens"
+    )
+    return f"slotwise generate: {what}; time to first token {ttft:.3f} s; {rate}"

@@ -1,0 +1,76 @@
+"""The plugin API: every name a slotwise plugin may import, from this one module.
+
+    from slotwise.plugin_api import Platform, PlatformSpec, hookimpl, GraphAPI
+
+Everything here is covered by ``API_VERSION`` and the policy in docs/api-versioning.md;
+anything a plugin imports from elsewhere in ``slotwise`` may change without notice. A
+snapshot test (tests/versioning/test_plugin_api_surface.py) fails when a name or a
+signature here changes without a matching ``API_VERSION`` change.
+
+Names load on first access, so a plugin's platform module can import this module at its
+top without importing torch: resolving a platform stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: Public name -> the module that defines it.
+_EXPORTS: dict[str, str] = {
+    # versions and errors
+    "API_VERSION": "slotwise.version",
+    "SlotwiseError": "slotwise.errors",
+    # declaring platforms (plugins, platforms)
+    "hookimpl": "slotwise.plugins.markers",
+    "PlatformSpec": "slotwise.platforms.spec",
+    "Platform": "slotwise.platforms.interface",
+    # compilation: what check_and_update_config adjusts, and the piecewise backends
+    "CompilationConfig": "slotwise.compilation.config",
+    "GraphMode": "slotwise.compilation.config",
+    "AbstractPiecewiseBackend": "slotwise.compilation.piecewise_backend",
+    "CompiledPiecewiseBackend": "slotwise.compilation.piecewise_backend",
+    # static graphs
+    "GraphAPI": "slotwise.compilation.graph_api",
+    "StaticGraph": "slotwise.compilation.graph_api",
+    "weak_ref_tensors": "slotwise.compilation.graph_api",
+    "StaticGraphError": "slotwise.compilation.static_graph",
+    "ForwardContext": "slotwise.forward_context",
+    "try_get_forward_context": "slotwise.forward_context",
+    "set_forward_context": "slotwise.forward_context",
+    # attention
+    "Attention": "slotwise.attention.layer",
+    "AttentionBackend": "slotwise.attention.backend",
+    "AttentionImpl": "slotwise.attention.impl",
+    "AttentionMetadata": "slotwise.attention.metadata",
+    "AttentionMetadataBuilder": "slotwise.attention.metadata",
+    "GraphSupport": "slotwise.attention.backend",
+    "AttentionBackendRegistry": "slotwise.attention.registry",
+    "write_to_kv_cache": "slotwise.attention.kv_cache",
+    # custom ops and the layers plugins replace
+    "CustomOp": "slotwise.custom_op",
+    "CustomOpRegistry": "slotwise.custom_op",
+    "RMSNorm": "slotwise.layers.layernorm",
+    "norm_with_residual": "slotwise.layers.layernorm",
+    "SiluAndMul": "slotwise.layers.activation",
+    "RotaryEmbedding": "slotwise.layers.rotary_embedding",
+    # distributed
+    "Communicator": "slotwise.distributed.communicator",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(
+            f"slotwise.plugin_api has no {name!r}; the plugin API is: {', '.join(__all__)}"
+        )
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
