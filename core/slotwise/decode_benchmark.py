@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from slotwise.attention.selector import select_attention_backend
 from slotwise.compilation.config import CompilationConfig, GraphMode
 from slotwise.compilation.graph_modes import supported_graph_modes
 from slotwise.models.llama import PRESETS, LlamaConfig, LlamaForCausalLM, build_llama
@@ -96,8 +97,8 @@ def variants_for_platform(
     if unknown:
         raise ValueError(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
     shape = model_shape(preset)
-    backend = platform.get_attention_backend_cls(
-        head_size=shape.head_size, dtype=dtype, block_size=shape.block_size
+    backend = select_attention_backend(
+        platform, head_size=shape.head_size, dtype=dtype, block_size=shape.block_size
     )
     supported = supported_graph_modes(platform, backend)
     unsupported = [n for n in names if GRAPH_VARIANTS.get(n, GraphMode.NONE) not in supported]

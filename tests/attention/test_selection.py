@@ -159,8 +159,8 @@ def test_bundled_plugins_register_their_backends_by_class_path():
     ],
 )
 def test_each_bundled_platform_picks_its_backend(platform, expected):
-    chosen = platform().get_attention_backend_cls(
-        head_size=80, dtype=torch.bfloat16, block_size=8, future_requirement=1
+    chosen = select_attention_backend(
+        platform(), head_size=80, dtype=torch.bfloat16, block_size=8, future_requirement=1
     )
     assert chosen is expected
 
@@ -168,7 +168,7 @@ def test_each_bundled_platform_picks_its_backend(platform, expected):
 def test_current_platform_picks_cpu_sdpa_here():
     if get_current_platform().name != "cpu":
         pytest.skip("the current platform is not the CPU")
-    assert get_current_platform().get_attention_backend_cls(head_size=64) is CpuSdpaBackend
+    assert select_attention_backend(get_current_platform(), head_size=64) is CpuSdpaBackend
 
 
 @pytest.mark.parametrize("cls", [CpuSdpaBackend, TritonPagedBackend, AscendStubReferenceBackend])
@@ -217,10 +217,11 @@ SELECT = """
 import torch
 import slotwise
 import slotwise_fastcpu
+from slotwise.attention.selector import select_attention_backend
 from slotwise.platforms import get_current_platform
 platform = get_current_platform()
 for head_size in (64, 80, 128):
-    print(platform.get_attention_backend_cls(head_size=head_size).get_name())
+    print(select_attention_backend(platform, head_size=head_size).get_name())
 print("hook calls:", len(slotwise_fastcpu.CALLS))
 """
 

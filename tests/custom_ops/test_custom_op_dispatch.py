@@ -17,7 +17,7 @@ import torch
 
 import slotwise.custom_op as custom_op_module
 from slotwise.compilation import CompilationConfig, set_compilation_config
-from slotwise.custom_op import CustomOp, CustomOpError, CustomOpRegistry
+from slotwise.custom_op import CORE_OP_NAMES, CustomOp, CustomOpError, CustomOpRegistry
 from slotwise.layers import RMSNorm, RotaryEmbedding, SiluAndMul
 from slotwise.platforms import Platform, use_platform
 from slotwise_cpu.platform import CpuPlatform
@@ -356,3 +356,14 @@ def test_same_class_name_in_another_module_cannot_take_over_an_op_name(op_classe
     except CustomOpError:
         pass
     assert op_classes["rms_norm"] is RMSNorm
+
+
+def test_the_core_op_catalogue_names_exactly_the_ops_of_slotwise_layers():
+    import slotwise.layers  # noqa: F401 - defines them
+
+    defined = {
+        name
+        for name, cls in CustomOp.op_classes.items()
+        if cls.__module__.startswith("slotwise.layers")
+    }
+    assert defined == CORE_OP_NAMES

@@ -19,6 +19,7 @@ from dist_worker import WORLD, make_input
 from support import free_port, run_together, torchrun_env
 
 from slotwise.distributed import Communicator
+from slotwise.distributed.communicator import communicator_class
 from slotwise_ascend_stub.communicator import AscendStubCommunicator
 from slotwise_ascend_stub.platform import AscendStubPlatform
 from slotwise_cpu.communicator import CpuCommunicator
@@ -31,7 +32,7 @@ WORKER = Path(__file__).with_name("dist_worker.py")
 def test_each_platform_names_its_communicator_and_backend():
     assert CpuPlatform().get_communicator_cls() is CpuCommunicator
     assert CpuPlatform.dist_backend == CpuCommunicator.dist_backend == "gloo"
-    assert CudaPlatform().get_communicator_cls() is Communicator
+    assert communicator_class(CudaPlatform()) is Communicator
     assert CudaPlatform.dist_backend == "nccl"
     assert AscendStubPlatform().get_communicator_cls() is AscendStubCommunicator
     assert AscendStubPlatform.dist_backend == AscendStubCommunicator.dist_backend == "hccl_stub"

@@ -28,7 +28,6 @@ def test_subclass_setting_only_name_and_device_type_instantiates():
         ("current_memory_usage", ()),
         ("set_device", (0,)),
         ("synchronize", ()),
-        ("get_attention_backend_cls", ()),
     ],
 )
 def test_unimplemented_method_names_itself_and_the_platform(method, args):
@@ -47,8 +46,19 @@ def test_methods_tolerate_unknown_keyword_arguments():
 
 def test_default_communicator_runs_on_torch_distributed():
     from slotwise.distributed import Communicator
+    from slotwise.distributed.communicator import communicator_class
 
-    assert MinimalPlatform().get_communicator_cls() is Communicator
+    assert MinimalPlatform().get_communicator_cls() is None
+    assert communicator_class(MinimalPlatform()) is Communicator
+
+
+def test_by_default_the_core_chooses_attention_backends_and_fills_in_configs():
+    from slotwise.compilation import CompilationConfig
+
+    platform, config = MinimalPlatform(), CompilationConfig()
+    assert platform.get_attention_backend_cls(head_size=64) is None
+    platform.check_and_update_config(config)
+    assert config == CompilationConfig()
 
 
 def test_subclass_without_name_is_rejected_with_the_missing_attributes():

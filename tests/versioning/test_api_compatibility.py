@@ -28,8 +28,8 @@ PLUGIN_FOR_1_0 = """
 
 REPORT_AT = """
 import json
-import slotwise
-slotwise.API_VERSION = {version!r}
+import slotwise.version
+slotwise.version.API_VERSION = {version!r}
 from slotwise.platforms import plugin_report
 print(json.dumps({{r.name: [r.status, r.reason] for r in plugin_report()}}))
 """

@@ -14,6 +14,8 @@ import torch
 
 from slotwise.attention.backend import AttentionBackend
 from slotwise.attention.impl import AttentionImpl
+from slotwise.attention.selector import select_attention_backend
+from slotwise.platforms import get_current_platform
 
 _layers: weakref.WeakValueDictionary[str, Attention] = weakref.WeakValueDictionary()
 
@@ -55,10 +57,8 @@ class Attention(torch.nn.Module):
         self.dtype = dtype or torch.get_default_dtype()
         self.layer_name = prefix
         if backend is None:
-            from slotwise.platforms import current_platform
-
-            backend = current_platform.get_attention_backend_cls(
-                head_size=head_size, dtype=self.dtype, block_size=block_size
+            backend = select_attention_backend(
+                get_current_platform(), head_size=head_size, dtype=self.dtype, block_size=block_size
             )
         self.attn_backend = backend
         self.impl: AttentionImpl = backend.get_impl_cls()(

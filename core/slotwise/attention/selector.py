@@ -1,6 +1,8 @@
 """Choosing the attention backend of a platform for a layer's requirements.
 
 Rules, in order:
+0. A platform that makes the choice itself (``Platform.get_attention_backend_cls``
+   returns a class) is followed.
 1. A backend named by the caller or by ``SLOTWISE_ATTENTION_BACKEND`` is used, or an
    error says why not (unknown name: the known ones; does not fit: its reasons).
 2. Otherwise the platform's backends in priority order; the first whose
@@ -11,7 +13,7 @@ Rules, in order:
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slotwise import envs
 from slotwise.attention.backend import AttentionBackend
@@ -22,19 +24,30 @@ from slotwise.attention.registry import (
     get_attention_backend_registry,
 )
 
+if TYPE_CHECKING:
+    from slotwise.platforms import Platform
+
 logger = logging.getLogger("slotwise")
 
 _announced: set[tuple[str, str]] = set()
 
 
 def select_attention_backend(
-    platform_name: str,
+    platform: Platform | str,
     selected: str | None = None,
     *,
     registry: AttentionBackendRegistry | None = None,
     **requirements: Any,
 ) -> type[AttentionBackend]:
-    """The backend class for ``requirements`` (head_size, dtype, block_size) on a platform."""
+    """The backend class for ``requirements`` (head_size, dtype, block_size) on a platform:
+    the platform's own choice if it makes one (``Platform.get_attention_backend_cls``),
+    else the registered backends' by the rules in docs/attention.md."""
+    if not isinstance(platform, str):
+        chosen = platform.get_attention_backend_cls(selected, **requirements)
+        if chosen is not None:
+            return chosen
+        platform = platform.name
+    platform_name = platform
     if registry is None:
         registry = get_attention_backend_registry()
     source, undo = "selected", "pass selected=None"

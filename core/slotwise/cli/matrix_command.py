@@ -139,8 +139,10 @@ def _graph_modes(platform: Platform, attention_backends: list[type]) -> list[str
 
 
 def _communicator(platform: Platform) -> dict[str, Any]:
+    from slotwise.distributed.communicator import communicator_class
+
     try:
-        cls = platform.get_communicator_cls()
+        cls = communicator_class(platform)
     except NotImplementedError:
         cls = None
     name = None if cls is None else f"{cls.__module__}:{cls.__qualname__}"

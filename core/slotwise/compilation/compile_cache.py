@@ -24,7 +24,6 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-import slotwise
 from slotwise.compilation.cache_permissions import (
     make_private_directories,
     read_trusted_file,
@@ -34,6 +33,7 @@ from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.compilers import Compiler
 from slotwise.compilation.config import CompilationConfig
 from slotwise.compilation.graph_fingerprint import UnfingerprintableGraph, fingerprint
+from slotwise.version import __version__
 
 logger = logging.getLogger("slotwise")
 
@@ -56,7 +56,7 @@ class CompileCache:
         self, config: CompilationConfig, compiler: Compiler, *, factors: dict[str, str]
     ) -> None:
         own = {
-            "slotwise_version": slotwise.__version__,
+            "slotwise_version": __version__,
             "torch_version": torch.__version__,
             "config_hash": config.compute_hash(),
             "compiler": f"{type(compiler).__module__}.{type(compiler).__qualname__}",

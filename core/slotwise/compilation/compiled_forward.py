@@ -17,6 +17,7 @@ from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.compile_lock import compile_lock
 from slotwise.compilation.config import CompilationConfig, CompilationLevel
 from slotwise.compilation.dynamo_backends import GraphCompiler, as_is_backend
+from slotwise.compilation.platform_defaults import apply_platform_defaults
 from slotwise.errors import SlotwiseError
 from slotwise.platforms import Platform, get_current_platform
 
@@ -37,6 +38,7 @@ def prepare_config(config: CompilationConfig, platform: Platform) -> Compilation
     adapted = config.replace()
     before = adapted.to_dict()
     platform.check_and_update_config(adapted)
+    apply_platform_defaults(platform, adapted)
     after = adapted.to_dict()
     for key, value in after.items():
         if before[key] != value:

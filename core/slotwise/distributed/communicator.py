@@ -23,10 +23,13 @@ from __future__ import annotations
 import contextlib
 import datetime
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from slotwise.platforms import Platform
 
 from slotwise.distributed.errors import (
     CollectiveError,
@@ -226,3 +229,8 @@ class Communicator:
         self._check_rank(rank, argument)
         if rank == self.rank:
             raise ValueError(f"{argument}={rank} is this rank itself; point-to-point needs a peer")
+
+
+def communicator_class(platform: Platform) -> type[Communicator]:
+    """The platform's ``Communicator`` subclass, or the base class when it names none."""
+    return platform.get_communicator_cls() or Communicator

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from slotwise.distributed.communicator import Communicator
+from slotwise.distributed.communicator import Communicator, communicator_class
 from slotwise.distributed.errors import DistributedInitError
 from slotwise.distributed.launch import LaunchConfig, resolve_launch_config
 from slotwise.platforms import Platform
@@ -200,10 +200,10 @@ def _check_agrees_with_torch(rank: int | None, world_size: int | None) -> None:
 
 
 def _build_state(launch: LaunchConfig, backend: str | None) -> _State:
-    from slotwise import current_platform
+    from slotwise.platforms import current_platform
 
     # Asked first: a vendor platform registers its torch.distributed backend here.
-    communicator_cls = current_platform.get_communicator_cls()
+    communicator_cls = communicator_class(current_platform)
     backend = backend or current_platform.dist_backend
     if backend not in dist.Backend.backend_list:
         raise DistributedInitError(

@@ -127,34 +127,23 @@ class Platform:
 
     # -- implementations -----------------------------------------------------------
 
-    def get_attention_backend_cls(self, selected: str | None = None, **requirements: Any) -> type:
-        """The attention backend class for ``requirements`` (head_size, dtype, block_size).
+    def get_attention_backend_cls(
+        self, selected: str | None = None, **requirements: Any
+    ) -> type | None:
+        """An attention backend class chosen by the platform itself, or None (the default).
 
-        ``selected`` (else SLOTWISE_ATTENTION_BACKEND) names a backend to use; otherwise
-        the first of this platform's registered backends, by priority, that fits.
-        Plugins register backends through ``slotwise_register_attention_backends``, so
-        platforms rarely override this.
+        None lets slotwise choose among the backends plugins register for this platform
+        (hook ``slotwise_register_attention_backends``): ``selected`` or
+        SLOTWISE_ATTENTION_BACKEND first, else the first by priority whose ``validate``
+        passes. Return a class only to take that choice over.
         """
-        from slotwise.attention.registry import get_attention_backend_registry
-        from slotwise.attention.selector import select_attention_backend
+        return None
 
-        if not get_attention_backend_registry().entries(self.name):
-            self._not_implemented(
-                "get_attention_backend_cls",
-                "no plugin registers an attention backend for it "
-                "(hook slotwise_register_attention_backends)",
-            )
-        return select_attention_backend(self.name, selected, **requirements)
-
-    def get_communicator_cls(self, **kwargs: Any) -> type:
-        """The ``slotwise.distributed.Communicator`` class for this platform.
-
-        Default: the base ``Communicator``, which runs every collective through
-        torch.distributed with ``dist_backend``; override for a vendor communicator.
-        """
-        from slotwise.distributed.communicator import Communicator
-
-        return Communicator
+    def get_communicator_cls(self, **kwargs: Any) -> type | None:
+        """A ``Communicator`` subclass for a vendor collective library, or None (the
+        default): the base ``Communicator``, collectives through torch.distributed with
+        ``dist_backend``."""
+        return None
 
     def get_graph_api(self, **kwargs: Any) -> GraphAPI | None:
         """The platform's static graphs (CUDA graphs, NPU graphs), or None without any.
@@ -180,12 +169,10 @@ class Platform:
     # -- configuration -------------------------------------------------------------
 
     def check_and_update_config(self, config: CompilationConfig, **kwargs: Any) -> None:
-        """Adapt ``config`` to this platform, logging every change it makes.
+        """Adapt ``config`` to this platform (add splitting ops, pick a backend); the
+        default changes nothing.
 
-        Called once per compiled model.  Platforms may add splitting ops, downgrade
-        graph modes or pick a backend; the default fills in the platform's compile
-        backend and turns graph modes off where static graphs are unsupported.
+        Called once per compiled model, before slotwise fills in what is still unset
+        (the platform's ``default_compile_backend``, the graph mode its ``GraphAPI``
+        allows) and refuses what cannot work. slotwise logs every field that changes.
         """
-        from slotwise.compilation.platform_defaults import apply_platform_defaults
-
-        apply_platform_defaults(self, config)

@@ -1,6 +1,6 @@
 """Choosing the platform of this process from the plugins' ``PlatformSpec``s.
 
-Rules, in order (DESIGN.md):
+Rules, in order (docs/design.md):
 1. ``SLOTWISE_PLATFORM=name`` selects that platform or raises; never a fallback.
 2. Else the available, API-compatible platform of highest priority; a tie at the
    top is an error naming both plugins.
@@ -21,8 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import slotwise
-from slotwise import envs
+from slotwise import envs, version
 from slotwise.import_path import resolve_import_path
 from slotwise.platforms.errors import PlatformError, PlatformNotFoundError
 from slotwise.platforms.interface import Platform
@@ -100,11 +99,11 @@ class PlatformResolver:
                     )
                     break
                 entry = PlatformEntry(spec, record)
-                if not spec.supports_api(slotwise.API_VERSION):
+                if not spec.supports_api(version.API_VERSION):
                     entry.status = "incompatible"
                     entry.reason = (
                         f"requires slotwise API {spec.requires_api}, this slotwise "
-                        f"{slotwise.__version__} provides API {slotwise.API_VERSION}"
+                        f"{version.__version__} provides API {version.API_VERSION}"
                     )
                 self.entries[spec.name] = entry
         # Drop the platforms of a plugin failed half-way through its list.

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from slotwise.attention import (
+from slotwise.plugin_api import (
     Attention,
     AttentionBackend,
     AttentionImpl,

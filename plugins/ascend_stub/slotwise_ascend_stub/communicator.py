@@ -14,7 +14,7 @@ import datetime
 
 import torch.distributed as dist
 
-from slotwise.distributed import Communicator
+from slotwise.plugin_api import Communicator
 
 #: The vendor's torch.distributed backend name, as in ``init_process_group("hccl_stub")``.
 BACKEND_NAME = "hccl_stub"

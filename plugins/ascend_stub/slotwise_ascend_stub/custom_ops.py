@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from slotwise.layers.layernorm import RMSNorm, norm_with_residual
+from slotwise.plugin_api import RMSNorm, norm_with_residual
 
 
 def rms_norm(

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from slotwise.forward_context import ForwardContext, set_forward_context, try_get_forward_context
+from slotwise.plugin_api import ForwardContext, set_forward_context, try_get_forward_context
 
 
 class StubNpuGraph:

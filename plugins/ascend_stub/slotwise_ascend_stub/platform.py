@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from slotwise.platforms import Platform
+from slotwise.plugin_api import Platform
 from slotwise_ascend_stub.plugin import DEVICES_ENV_VAR
 
 if TYPE_CHECKING:
-    from slotwise.compilation.config import CompilationConfig
+    from slotwise.plugin_api import CompilationConfig
     from slotwise_ascend_stub.graphs import StubNpuGraphAPI
 
 #: Memory each simulated NPU pretends to have.
@@ -72,12 +72,11 @@ class AscendStubPlatform(Platform):
         return stub_graph_api
 
     def check_and_update_config(self, config: CompilationConfig, **kwargs: Any) -> None:
-        """The base defaults, plus: collectives run between graphs on this "hardware".
+        """Collectives run between graphs on this "hardware".
 
         Adding a splitting op is how a platform keeps an op out of its static graphs;
         slotwise logs the change.  (Real NPUs have their own such ops.)
         """
-        super().check_and_update_config(config)
         ops = config.resolved_splitting_ops
         if COLLECTIVE_SPLITTING_OP not in ops:
             config.splitting_ops = [*ops, COLLECTIVE_SPLITTING_OP]

@@ -9,12 +9,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from slotwise.platforms import PlatformSpec
-from slotwise.plugins import hookimpl
+from slotwise.plugin_api import PlatformSpec, hookimpl
 
 if TYPE_CHECKING:
-    from slotwise.attention.registry import AttentionBackendRegistry
-    from slotwise.custom_op import CustomOpRegistry
+    from slotwise.plugin_api import AttentionBackendRegistry, CustomOpRegistry
 
 #: Real NPUs are made visible by an environment variable; so is the stub.
 DEVICES_ENV_VAR = "SLOTWISE_ASCEND_STUB_DEVICES"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from slotwise.attention import (
+from slotwise.plugin_api import (
     Attention,
     AttentionBackend,
     AttentionImpl,

@@ -7,7 +7,7 @@ start-up with a clear message rather than at its first collective.
 
 from __future__ import annotations
 
-from slotwise.distributed import Communicator
+from slotwise.plugin_api import Communicator
 
 
 class CpuCommunicator(Communicator):

@@ -12,7 +12,7 @@ import platform as _pyplatform
 from pathlib import Path
 from typing import Any
 
-from slotwise.platforms import Platform
+from slotwise.plugin_api import Platform
 
 
 class CpuPlatform(Platform):

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from slotwise.platforms import PlatformSpec
-from slotwise.plugins import hookimpl
+from slotwise.plugin_api import PlatformSpec, hookimpl
 
 if TYPE_CHECKING:
-    from slotwise.attention.registry import AttentionBackendRegistry
+    from slotwise.plugin_api import AttentionBackendRegistry
 
 
 def probe() -> bool:

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from slotwise.layers.activation import SiluAndMul
-from slotwise.layers.layernorm import RMSNorm, norm_with_residual
-from slotwise.layers.rotary_embedding import RotaryEmbedding
+from slotwise.plugin_api import RMSNorm, RotaryEmbedding, SiluAndMul, norm_with_residual
 from slotwise_cuda.kernels import activation, layernorm, rotary
 
 

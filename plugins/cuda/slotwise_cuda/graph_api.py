@@ -13,7 +13,7 @@ import unittest.mock
 from collections.abc import Callable
 from typing import Any
 
-from slotwise.compilation.graph_api import weak_ref_tensors
+from slotwise.plugin_api import weak_ref_tensors
 
 
 class CudaGraph:

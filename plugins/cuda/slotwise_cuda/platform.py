@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from slotwise.platforms import Platform
+from slotwise.plugin_api import Platform
 
 if TYPE_CHECKING:
     from slotwise_cuda.graph_api import CudaGraphAPI

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from slotwise.platforms import PlatformSpec
-from slotwise.plugins import hookimpl
+from slotwise.plugin_api import PlatformSpec, hookimpl
 from slotwise_cuda.probe import probe_cuda
 
 if TYPE_CHECKING:
-    from slotwise.attention.registry import AttentionBackendRegistry
-    from slotwise.custom_op import CustomOpRegistry
+    from slotwise.plugin_api import AttentionBackendRegistry, CustomOpRegistry
 
 #: Core custom ops with a Triton implementation in slotwise_cuda.custom_ops.
 TRITON_CUSTOM_OPS = ("rms_norm", "silu_and_mul", "rotary_embedding")

@@ -25,6 +25,7 @@ from slotwise.distributed import (
     init_distributed,
     shutdown_distributed,
 )
+from slotwise.distributed.communicator import communicator_class
 from slotwise.platforms import get_current_platform
 
 
@@ -89,7 +90,7 @@ def run_rank() -> dict[str, str]:
     try:
         init_distributed(tensor_parallel_size=1)
         comm = get_world_communicator()
-        expected_cls = get_current_platform().get_communicator_cls()
+        expected_cls = communicator_class(get_current_platform())
         if not isinstance(comm, expected_cls):
             raise TypeError(
                 f"get_world_communicator() is a {type(comm).__name__}, not the platform's "

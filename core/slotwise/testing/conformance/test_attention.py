@@ -26,6 +26,7 @@ from slotwise.attention import (
     StaticAttentionMetadata,
     allocate_kv_caches,
 )
+from slotwise.attention.selector import select_attention_backend
 from slotwise.forward_context import set_forward_context
 from slotwise.platforms import Platform
 from slotwise.testing.conformance import target
@@ -160,8 +161,8 @@ def select_backend(
     refusals = []
     for dtype, block_size in itertools.product(DTYPES, BLOCK_SIZES):
         try:
-            backend = platform.get_attention_backend_cls(
-                head_size=head_size, dtype=dtype, block_size=block_size
+            backend = select_attention_backend(
+                platform, head_size=head_size, dtype=dtype, block_size=block_size
             )
         except AttentionBackendError as exc:
             refusals.append(f"{dtype} with block size {block_size}: {exc}")

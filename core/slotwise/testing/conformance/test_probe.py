@@ -3,7 +3,7 @@
 Every process that resolves a platform runs the probes of the installed plugins,
 often before it forks workers.  A probe that imports torch or touches the device
 (``torch.cuda.is_available()``, a tensor) costs seconds and can leave a device
-context that breaks every ``fork`` after it; DESIGN.md's rule is to read device
+context that breaks every ``fork`` after it; the rule (docs/design.md) is to read device
 files or NVML instead.
 """
 

@@ -3,7 +3,7 @@
 Only for platforms whose ``get_graph_api()`` returns a GraphAPI.  With capture sizes
 [1, 2] and graph mode PIECEWISE each of SillyModel's three capturable pieces runs
 once plainly (warm-up), is captured on its second call and replayed after that.
-The contract (DESIGN.md) is what makes replays safe: a replay reads its inputs
+The static-graph contract (docs/design.md) is what makes replays safe: a replay reads its inputs
 from the addresses captured, so new data copied into the captured buffer is seen;
 a new input tensor is detected on the first replay and raises ``StaticGraphError``.
 """
