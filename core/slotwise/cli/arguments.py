@@ -7,6 +7,17 @@ import math
 from collections.abc import Callable
 
 
+def add_tp_argument(parser: argparse.ArgumentParser, command: str) -> None:
+    """``--tp N``, the same for every command that can run tensor-parallel."""
+    parser.add_argument(
+        "--tp",
+        type=int_at_least(1),
+        default=1,
+        help="tensor-parallel size (>= 1); run under torchrun with as many processes "
+        f"(torchrun --nproc-per-node N -m slotwise {command} --tp N ...); rank 0 prints",
+    )
+
+
 def int_at_least(minimum: int) -> Callable[[str], int]:
     """An argparse type refusing integers below ``minimum`` at parse time, before any
     model is built or compiled."""

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from slotwise.cli.arguments import int_at_least
+from slotwise.cli.arguments import add_tp_argument, int_at_least
 from slotwise.cli.table import format_table
 from slotwise.errors import SlotwiseError
 
@@ -62,13 +62,7 @@ def add_parser(commands: Any, name: str) -> None:
         default=None,
         help="torch intra-op threads (default: torch's choice; 1 is steadier on a busy machine)",
     )
-    parser.add_argument(
-        "--tp",
-        type=int_at_least(1),
-        default=1,
-        help="tensor-parallel size (>= 1); run under torchrun with as many processes "
-        "(torchrun --nproc-per-node N -m slotwise bench --tp N); rank 0 prints",
-    )
+    add_tp_argument(parser, "bench")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     CompilationConfig.add_cli_arguments(parser)
 

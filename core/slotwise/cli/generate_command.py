@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slotwise.cli.arguments import float_in, int_at_least
+from slotwise.cli.arguments import add_tp_argument, float_in, int_at_least
 from slotwise.errors import SlotwiseError
 
 if TYPE_CHECKING:
@@ -87,13 +87,7 @@ def add_parser(commands: Any, name: str) -> None:
         action="store_true",
         help="wrap each prompt as a user message in the checkpoint's chat template",
     )
-    parser.add_argument(
-        "--tp",
-        type=int_at_least(1),
-        default=1,
-        help="tensor-parallel size (>= 1); run under torchrun with as many processes "
-        "(torchrun --nproc-per-node N -m slotwise generate --tp N ...); rank 0 prints",
-    )
+    add_tp_argument(parser, "generate")
     parser.add_argument(
         "--dtype", choices=DTYPES, default=None, help="weights' dtype (default: config.json's)"
     )
