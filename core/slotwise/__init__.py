@@ -27,7 +27,7 @@ def __getattr__(name: str) -> Any:
 
         return current_platform
     if name == "compile":
-        from slotwise.compilation.compile_module import compile
+        from slotwise.compilation.decorators import compile
 
         return compile
     raise AttributeError(f"module 'slotwise' has no attribute {name!r}")

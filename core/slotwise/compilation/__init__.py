@@ -19,7 +19,7 @@ _EXPORTS = {
     "get_current_compilation_config": "context",
     "support_torch_compile": "decorators",
     "ignore_torch_compile": "decorators",
-    "compile": "compile_module",
+    "compile": "decorators",
     "AbstractPiecewiseBackend": "piecewise_backend",
     "CompiledPiecewiseBackend": "piecewise_backend",
     "StaticGraphError": "static_graph",

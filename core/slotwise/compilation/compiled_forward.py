@@ -16,7 +16,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.compile_lock import compile_lock
 from slotwise.compilation.config import CompilationConfig, CompilationLevel
-from slotwise.compilation.dynamo_backends import GraphCompiler, as_is_backend
+from slotwise.compilation.dynamo_backends import TraceOnceBackend, as_is_backend
 from slotwise.compilation.platform_defaults import apply_platform_defaults
 from slotwise.errors import SlotwiseError
 from slotwise.platforms import Platform, get_current_platform
@@ -111,7 +111,7 @@ class CompiledForward:
         if self.config.level == CompilationLevel.DYNAMO_AS_IS:
             return torch.compile(bound, backend=as_is_backend(self.config))
         cls = type(self.module)
-        backend = GraphCompiler(
+        backend = TraceOnceBackend(
             self.config,
             self.platform,
             cache_factors={

@@ -1,4 +1,5 @@
-"""``@support_torch_compile`` and ``@ignore_torch_compile`` for model classes."""
+"""Marking models for compilation: ``@support_torch_compile`` and ``@ignore_torch_compile``
+on model classes, and ``slotwise.compile(module, config)``, their functional form."""
 
 from __future__ import annotations
 
@@ -126,3 +127,26 @@ def ignore_torch_compile(cls: ModuleClass) -> ModuleClass:
 
 def _nearest_spec_owner(cls: type) -> type | None:
     return next((klass for klass in cls.__mro__ if _SPEC in klass.__dict__), None)
+
+
+Module = TypeVar("Module", bound=torch.nn.Module)
+
+
+def compile(
+    module: Module, config: Any = None, *, dynamic_arg_dims: DynamicArgDims | None = None
+) -> Module:
+    """Compile ``module`` in place (its instance ``forward`` is replaced) and return it.
+
+    ``config`` is anything ``CompilationConfig.coerce`` accepts; None takes the one of
+    ``set_compilation_config`` or the environment.  Dynamic dimensions default to dim 0
+    of the Tensor-annotated arguments of ``forward``.
+    """
+    config = (
+        get_current_compilation_config() if config is None else CompilationConfig.coerce(config)
+    )
+    if config.level == CompilationLevel.NO_COMPILATION:
+        return module
+    forward = type(module).forward
+    dims = check_dynamic_arg_dims(type(module), forward, dynamic_arg_dims)
+    module.forward = CompiledForward(module, forward, config, dims)  # type: ignore[method-assign]
+    return module

@@ -50,7 +50,7 @@ def as_is_backend(config: CompilationConfig) -> DynamoBackend:
     return backend
 
 
-class GraphCompiler:
+class TraceOnceBackend:
     """Levels 2 and 3: compile each Dynamo graph of one model, once.
 
     At level 3 the graph is split at the splitting ops and every capturable piece
