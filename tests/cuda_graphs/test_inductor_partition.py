@@ -9,12 +9,12 @@ from torch._inductor import utils as inductor_utils
 from torch._subclasses.fake_tensor import FakeTensor
 
 from slotwise.compilation import CompilationConfig, ConfigError, counters
-from slotwise.compilation.compilers import _traced_fakes
 from slotwise.compilation.inductor_partition import (
     PartitionedInductorCompiler,
     check_partition_supported,
     partition_wrapper_hook,
 )
+from slotwise.compilation.traced_inputs import traced_inputs
 from slotwise.testing.toy_models import TOY_SPLITTING_OPS, SillyModel, ToyTransformer
 
 
@@ -88,7 +88,7 @@ def test_traced_fakes_are_the_fake_tensors_dynamo_traced():
     def backend(graph, example_inputs):
         context = torch._guards.TracingContext.get()
         seen["real"] = example_inputs
-        seen["fakes"] = _traced_fakes(list(example_inputs))
+        seen["fakes"] = traced_inputs(list(example_inputs))
         seen["fake_mode"] = context.fake_mode
         return graph.forward
 

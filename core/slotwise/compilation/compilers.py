@@ -25,6 +25,7 @@ from torch.utils import _pytree as pytree
 
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.config import CompilationConfig, ConfigError
+from slotwise.compilation.traced_inputs import traced_inputs
 from slotwise.import_path import resolve_import_path
 
 logger = logging.getLogger("slotwise")
@@ -147,7 +148,7 @@ class InductorCompiler(Compiler):
         dynamic_shapes = _dynamic_shapes_source(runtime_shape)
         inputs = list(example_inputs)
         if dynamic_shapes == "from_tracing_context":
-            inputs = _traced_fakes(inputs)
+            inputs = traced_inputs(inputs)
         artifact = standalone_compile(
             flat_graph,
             inputs,
@@ -191,37 +192,6 @@ def _dynamic_shapes_source(runtime_shape: int | None) -> str:
     if TracingContext.try_get() is not None:
         return "from_tracing_context"
     return "from_graph"
-
-
-def _traced_fakes(example_inputs: list[Any]) -> list[Any]:
-    """``example_inputs`` with every real tensor replaced by the fake tensor Dynamo traced.
-
-    Dynamo hands its backend the first call's real tensors (the FX split path hands each
-    piece fakes instead). ``standalone_compile(dynamic_shapes="from_tracing_context")``
-    reuses the ambient fake mode and its ShapeEnv but opens a new TracingContext, without
-    Dynamo's record of how each input was faked, so AOTAutograd fakes a real tensor anew:
-    a fresh, sourceless symbol for every dimension, weights included. Inductor's guards on
-    those symbols then land in Dynamo's ShapeEnv, where building the frame's guards fails
-    (``IndexError`` in ``produce_guards_verbose``), and a forced backward compile fails on
-    them too; only a warm Inductor cache, which skips the tracing, hid it. A tensor Dynamo
-    did not record is made static, as plain ``torch.compile`` keeps weights.
-    """
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    context = TracingContext.get()
-    fake_mode = context.fake_mode
-    traced: list[Any] = []
-    for value in example_inputs:
-        if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
-            symbolic = context.tensor_to_context.get(value)
-            if symbolic is None:
-                value = fake_mode.from_tensor(value, static_shapes=True)
-            else:
-                value = fake_mode.from_tensor(
-                    value, symbolic_context=symbolic, source=symbolic.tensor_source, trace=False
-                )
-        traced.append(value)
-    return traced
 
 
 def _output_spec(graph: fx.GraphModule) -> pytree.TreeSpec:

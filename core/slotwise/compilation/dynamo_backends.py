@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.fx
 from torch._dynamo.backends.registry import lookup_backend
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import enable_python_dispatcher
 from tqdm import tqdm
 
@@ -28,6 +28,7 @@ from slotwise.compilation.static_graph_wrapper import (
     graph_wrapper_cls,
     piecewise_backend_cls,
 )
+from slotwise.compilation.traced_inputs import traced_inputs
 from slotwise.platforms import Platform
 
 DynamoBackend = Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]
@@ -179,33 +180,7 @@ def _install_piece_backends(
     make_backend: Callable[[str, Sequence[Any]], Any],
     example_inputs: list[Any],
 ) -> None:
-    fake_mode = torch._guards.detect_fake_mode(example_inputs)
-    if fake_mode is None:
-        fake_mode = FakeTensorMode()
-    fake_inputs = [traced_fake(fake_mode, value) for value in example_inputs]
+    fake_inputs = traced_inputs(example_inputs)
+    fake_mode = torch._guards.detect_fake_mode(fake_inputs) or contextlib.nullcontext()
     with fake_mode, enable_python_dispatcher():
         _PieceBackendInstaller(split, capturable, make_backend).run(*fake_inputs)
-
-
-def traced_inputs(example_inputs: list[Any]) -> list[Any]:
-    """``example_inputs`` as fake tensors with the trace's symbolic sizes (``traced_fake``)."""
-    fake_mode = torch._guards.detect_fake_mode(example_inputs) or FakeTensorMode()
-    return [traced_fake(fake_mode, value) for value in example_inputs]
-
-
-def traced_fake(fake_mode: FakeTensorMode, value: Any) -> Any:
-    """``value`` as the fake tensor Dynamo traced it as, with the trace's symbolic sizes.
-
-    Dynamo hands its backend the first call's real tensors. Faked afresh, a tensor takes
-    that call's sizes (1 for a one-token first call, specialised as a constant), and every
-    piece after the first would be compiled for that size only.
-    """
-    if not isinstance(value, torch.Tensor) or isinstance(value, FakeTensor):
-        return value
-    context = torch._guards.TracingContext.try_get()
-    symbolic = None if context is None else context.tensor_to_context.get(value)
-    if symbolic is None:
-        return fake_mode.from_tensor(value)
-    return fake_mode.from_tensor(
-        value, symbolic_context=symbolic, source=symbolic.tensor_source, trace=False
-    )
