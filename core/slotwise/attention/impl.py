@@ -43,6 +43,8 @@ class AttentionImpl:
 
         q and output are [num_tokens, num_heads, head_size], k and v
         [num_tokens, num_kv_heads, head_size]; only the first
-        ``metadata.num_actual_tokens`` rows are real.
+        ``metadata.num_actual_tokens`` rows are real (the rest pad to a static-graph
+        size).  ``output`` is allocated by the layer; write the result into it in place
+        and return None.  ``kv_cache`` has the backend's ``get_kv_cache_shape``.
         """
         raise NotImplementedError(f"{type(self).__qualname__} must implement forward()")

@@ -31,11 +31,17 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor
     #: int32 [num_reqs, max_blocks]: request r's i-th block; rows padded with block 0.
     block_table: torch.Tensor
+    #: Largest query length (new tokens of one request) in the step.
     max_query_len: int
+    #: Largest of ``seq_lens``.
     max_seq_len: int
+    #: Requests with more than one query token; they follow the decodes.
     num_prefills: int
+    #: Query tokens of the prefills (rows ``num_decode_tokens:num_actual_tokens``).
     num_prefill_tokens: int
+    #: Requests with exactly one query token; they come first in the batch.
     num_decodes: int
+    #: Query tokens of the decodes (equal to ``num_decodes``; rows ``:num_decode_tokens``).
     num_decode_tokens: int
 
     @property

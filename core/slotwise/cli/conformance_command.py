@@ -13,6 +13,8 @@ could not run (the platform is unknown or unavailable, say).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import subprocess
 import sys
@@ -110,7 +112,7 @@ def _result(platform: str, exit_status: int, output: str, report_path: Path) -> 
         prefix = "ERROR: slotwise conformance: "
         errors = [line[len(prefix) :] for line in output.splitlines() if line.startswith(prefix)]
         error = (
-            errors[-1]
+            _conformance_advice(platform, errors[-1])
             if errors
             else f"no conformance test ran (pytest exit status {exit_status}): "
             + " | ".join(output.strip().splitlines()[-3:])
@@ -122,6 +124,59 @@ def _result(platform: str, exit_status: int, output: str, report_path: Path) -> 
         "error": error,
         "checks": [_check_data(check) for check in checks],
     }
+
+
+#: What resolution advises for a forced platform that is not available; it does not fit
+#: here, where conformance itself set SLOTWISE_PLATFORM to the platform under test.
+_UNSET_ADVICE = " Unset SLOTWISE_PLATFORM to pick the best available platform."
+
+
+def _conformance_advice(platform: str, error: str) -> str:
+    """Resolution's ``error`` with advice that fits a conformance run of ``platform``.
+
+    An unavailable platform cannot be swapped for another here: the only fix is to make
+    this one available, so the advice is the probe's reason (already in ``error``) and
+    the platform's device variable, in place of "unset SLOTWISE_PLATFORM".
+    """
+    error = error.replace(
+        "Set SLOTWISE_PLATFORM to one of the known names",
+        "Give `slotwise conformance` one of the known names",
+    )
+    if _UNSET_ADVICE.strip() not in error:
+        return error
+    error = error.replace(_UNSET_ADVICE, "").replace(_UNSET_ADVICE.strip(), "").rstrip()
+    error = error.removeprefix(f"SLOTWISE_PLATFORM={platform}: ")
+    variable = _device_variable(platform)
+    devices = (
+        f"make its devices visible to this process ({variable} must not hide them)"
+        if variable
+        else "make its devices visible to this process"
+    )
+    return (
+        f"{error} The conformance suite checks platform {platform!r} and no other, so run "
+        f"it where that platform is available: fix what the probe reports, install the "
+        f"device's driver and {devices}, then run `slotwise conformance {platform}` again."
+    )
+
+
+def _device_variable(platform: str) -> str:
+    """The platform class's ``device_control_env_var``, or "" when it cannot be told."""
+    from slotwise.platforms.resolution import get_resolver
+
+    try:
+        # Plugin code may print: keep stdout for the summary.
+        with contextlib.redirect_stdout(sys.stderr):
+            entry = get_resolver().entries.get(platform)
+            if entry is None:
+                return ""
+            module, _, qualname = entry.spec.platform_cls.partition(":")
+            value: Any = importlib.import_module(module)
+            for part in qualname.split("."):
+                value = getattr(value, part)
+    except Exception:  # noqa: BLE001 - only advice: the error itself is already known
+        return ""
+    variable = getattr(value, "device_control_env_var", "")
+    return variable if isinstance(variable, str) else ""
 
 
 def _check_data(check: CheckSummary) -> dict[str, Any]:

@@ -8,6 +8,9 @@ from slotwise.custom_op import CustomOp
 
 
 class SiluAndMul(CustomOp):
+    """``silu(x[..., :d]) * x[..., d:]`` for ``x`` of shape ``[..., 2 * d]``; the result
+    is ``[..., d]``, in ``x``'s dtype.  A plugin replacement is ``fn(layer, x)``."""
+
     op_name = "silu_and_mul"
 
     def forward_native(self, x: torch.Tensor) -> torch.Tensor:

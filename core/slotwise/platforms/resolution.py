@@ -25,7 +25,7 @@ from slotwise import envs, version
 from slotwise.import_path import resolve_import_path
 from slotwise.platforms.errors import PlatformError, PlatformNotFoundError
 from slotwise.platforms.interface import Platform
-from slotwise.platforms.spec import PlatformSpec
+from slotwise.platforms.spec import PlatformSpec, api_range_warning
 from slotwise.plugins.manager import (
     PluginManager,
     PluginRecord,
@@ -99,6 +99,9 @@ class PlatformResolver:
                     )
                     break
                 entry = PlatformEntry(spec, record)
+                api_warning = api_range_warning(spec)
+                if api_warning:
+                    self.manager.warn(record, f"platform {spec.name!r}: {api_warning}")
                 if not spec.supports_api(version.API_VERSION):
                     entry.status = "incompatible"
                     entry.reason = (
@@ -384,7 +387,12 @@ def _resolve(resolver: PlatformResolver) -> Platform:
         from slotwise.platforms.unspecified import UnspecifiedPlatform
 
         return UnspecifiedPlatform(resolver.nothing_available_message())
-    platform = instantiate(entry)
+    try:
+        platform = instantiate(entry)
+    except Exception as exc:
+        # The report must not call "selected" a platform that could not be built.
+        entry.status, entry.reason = "failed", str(exc)
+        raise
     logger.debug("platform %s: %s", entry.name, resolver.selection_reason)
     return platform
 

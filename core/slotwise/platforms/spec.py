@@ -12,6 +12,10 @@ from slotwise.import_path import check_import_path
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
+#: Operators that put a ceiling on the versions a specifier admits.
+_UPPER_BOUNDS = frozenset({"<", "<=", "==", "===", "~="})
+_API_EXAMPLE = "'>=1.0,<2'"
+
 
 @dataclass(frozen=True)
 class PlatformSpec:
@@ -45,13 +49,31 @@ class PlatformSpec:
             raise TypeError(f"PlatformSpec.probe for {self.name!r} must be callable")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             raise TypeError(f"PlatformSpec.priority for {self.name!r} must be an int")
+        if isinstance(self.requires_api, str) and not self.requires_api.strip():
+            # An empty SpecifierSet admits every version, API 2, 3... included.
+            raise ValueError(
+                f"PlatformSpec.requires_api for {self.name!r} is empty, which would claim "
+                f"every slotwise API version; give the range the plugin was written for, "
+                f"such as {_API_EXAMPLE}"
+            )
         try:
             SpecifierSet(self.requires_api)
         except (InvalidSpecifier, TypeError) as exc:
             raise ValueError(
                 f"PlatformSpec.requires_api {self.requires_api!r} for {self.name!r} is not a "
-                "PEP 440 specifier such as '>=1.0,<2'"
+                f"PEP 440 specifier such as {_API_EXAMPLE}"
             ) from exc
 
     def supports_api(self, api_version: str) -> bool:
         return SpecifierSet(self.requires_api).contains(api_version, prereleases=True)
+
+
+def api_range_warning(spec: PlatformSpec) -> str:
+    """Why ``spec.requires_api`` is risky though valid (it has no upper bound), or ""."""
+    if any(s.operator in _UPPER_BOUNDS for s in SpecifierSet(spec.requires_api)):
+        return ""
+    return (
+        f"requires_api {spec.requires_api!r} has no upper bound, so a new major slotwise "
+        "API version may break the plugin while it is still selected; bound it, e.g. "
+        f"add ',<2' ({_API_EXAMPLE})"
+    )

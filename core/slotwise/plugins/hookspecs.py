@@ -30,8 +30,8 @@ def slotwise_platforms() -> list[PlatformSpec]:
 
     Each ``PlatformSpec`` names the platform, a ``"module:Class"`` string that is
     imported only if the platform is selected, a cheap ``probe`` callable, a
-    priority (cpu 0, cuda 100, vendor accelerators 200 by convention) and the
-    range of ``slotwise.API_VERSION`` it was written for.
+    priority (bundled plugins 0-199: cpu 0, cuda 100, ascend_stub 150; vendor
+    accelerators 200 and up) and the range of ``slotwise.API_VERSION`` it was written for.
     """
 
 

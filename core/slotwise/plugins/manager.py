@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import importlib.metadata
+import inspect
 import logging
 import os
 import sys
@@ -105,6 +106,7 @@ class PluginManager:
         self._pm = _RenameAwarePluggyManager(PROJECT_NAME)
         self._pm.add_hookspecs(hookspecs)
         self.records: dict[str, PluginRecord] = {}
+        self._warned: set[tuple[str, str]] = set()
 
     def load_entry_points(self) -> None:
         entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
@@ -136,6 +138,7 @@ class PluginManager:
                 self.fail(record, _unknown_hooks_message(unknown))
                 continue
             self._warn_renamed_hooks(record, plugin)
+            self._warn_unmarked_hooks(record, plugin)
         if self.allow is not None:
             missing = sorted(set(self.allow) - set(self.records))
             if missing:
@@ -170,6 +173,31 @@ class PluginManager:
                     new,
                     api_versioning.removal_version(deprecated_in),
                 )
+
+    def _warn_unmarked_hooks(self, record: PluginRecord, plugin: Any) -> None:
+        """One warning per function named like a hook but not marked ``@hookimpl``.
+
+        pluggy finds implementations by their mark, not their name, so such a function
+        is never called; authors used to pytest's name-based discovery expect it to be.
+        """
+        for name, hook in _unmarked_hooks(plugin, self._pm.implements):
+            new_name = api_versioning.RENAMED_HOOKS.get(hook, (None,))[0]
+            renamed = f" (renamed to {new_name})" if new_name else ""
+            rename = "" if name == hook else f" and name it {hook}"
+            self.warn(
+                record,
+                f"defines {name}(), which looks like hook {hook}{renamed} but is not marked "
+                f"@hookimpl, so slotwise never calls it; did you forget @hookimpl? "
+                f"Add 'from slotwise.plugin_api import hookimpl' and decorate {name}() "
+                f"with @hookimpl{rename}",
+            )
+
+    def warn(self, record: PluginRecord, problem: str) -> None:
+        """Warn once about ``problem`` with ``record``'s plugin, which stays loaded."""
+        if (record.name, problem) in self._warned:
+            return
+        self._warned.add((record.name, problem))
+        logger.warning("%s %s", record.label, problem)
 
     def call_each(self, hook_name: str, **kwargs: Any) -> list[tuple[PluginRecord, Any]]:
         """Call ``hook_name`` on every loaded plugin; a plugin whose hook raises is failed."""
@@ -302,8 +330,43 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+def _known_hooks() -> list[str]:
+    return sorted(n for n in dir(hookspecs) if n.startswith("slotwise_"))
+
+
+def _unmarked_hooks(plugin: Any, implements: Callable[[Any, str], bool]) -> list[tuple[str, str]]:
+    """``(function name, hook it looks like)`` for each public function of ``plugin``
+    named like a hook (exactly, by an old name, or a near miss) but not marked."""
+    known = _known_hooks()
+    candidates = known + sorted(api_versioning.RENAMED_HOOKS)
+    found = []
+    for name in sorted(vars(plugin) if inspect.ismodule(plugin) else dir(plugin)):
+        if name.startswith("_") or implements(plugin, name):
+            continue
+        try:
+            value = getattr(plugin, name)
+        except Exception:  # noqa: BLE001 - a broken attribute is not a hook
+            continue
+        if not inspect.isroutine(value):
+            continue
+        if inspect.ismodule(plugin) and _package(value) != _package(plugin):
+            continue  # imported from another package: not the plugin's own code
+        if name in candidates:
+            found.append((name, name))
+            continue
+        close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.8)
+        if close:
+            found.append((name, close[0]))
+    return found
+
+
+def _package(obj: Any) -> str:
+    module = obj.__name__ if inspect.ismodule(obj) else getattr(obj, "__module__", None)
+    return (module or "").partition(".")[0]
+
+
 def _unknown_hooks_message(names: list[str]) -> str:
-    known = sorted(n for n in dir(hookspecs) if n.startswith("slotwise_"))
+    known = _known_hooks()
     parts = []
     for name in names:
         close = difflib.get_close_matches(name, known, n=1)

@@ -36,7 +36,7 @@ def slotwise_platforms() -> list[PlatformSpec]:
             # Imported only if this platform is selected.
             platform_cls="slotwise_ascend_stub.platform:AscendStubPlatform",
             probe=probe,
-            priority=200,  # accelerators from vendors outrank cuda (100) and cpu (0)
+            priority=150,  # bundled plugins use 0-199 (cpu 0, cuda 100); vendors use 200 and up
             requires_api=">=1.0,<2",  # the slotwise plugin API this was written against
         )
     ]
