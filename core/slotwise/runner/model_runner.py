@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -28,6 +28,7 @@ from slotwise.compilation.graph_modes import require_graph_mode, step_graph_mode
 from slotwise.forward_context import BatchDescriptor, set_forward_context
 from slotwise.platforms import get_current_platform
 from slotwise.runner.capture import CaptureReport, capture_graphs
+from slotwise.runner.generation import generate
 from slotwise.runner.static_inputs import StaticInputBuffers
 
 
@@ -38,7 +39,6 @@ class Request:
     tokens: list[int]
     block_ids: list[int]
     num_cached: int = 0
-    generated: list[int] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -239,20 +239,10 @@ class ModelRunner:
         return logits[torch.tensor(order, device=logits.device).argsort()]
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
-        """Greedy continuation of each prompt by ``max_new_tokens`` (at least 1) tokens."""
-        sequences = self.add_requests(prompts, max_new_tokens)
-        try:
-            logits = self.step(sequences)  # the prefill of every prompt
-            for _ in range(max_new_tokens):
-                for sequence, token in zip(sequences, logits.argmax(-1).tolist(), strict=True):
-                    sequence.tokens.append(token)
-                    sequence.generated.append(token)
-                if len(sequences[0].generated) == max_new_tokens:
-                    break
-                logits = self.step(sequences)
-            return [s.generated for s in sequences]
-        finally:
-            self.free(sequences)
+        """Greedy continuation of each prompt by ``max_new_tokens`` (at least 1) tokens,
+        end-of-sequence ids included; ``slotwise.runner.generation.generate`` samples,
+        stops at them and times the steps."""
+        return [c.token_ids for c in generate(self, prompts, max_new_tokens=max_new_tokens)]
 
 
 def check_prompts(
