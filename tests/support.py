@@ -93,6 +93,21 @@ def process_env(**overrides: str) -> dict[str, str]:
     return env
 
 
+def torchrun(*args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``args`` (a script and its arguments, or ``-m module ...``) under torchrun as
+    two processes on 127.0.0.1, in ``process_env(**env)``; output captured as text."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nproc-per-node", "2",
+        "--master-addr", "127.0.0.1",
+        "--master-port", str(free_port()),
+        *args,
+    ]  # fmt: skip
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, env=process_env(**env)
+    )
+
+
 def torchrun_env(rank: int, world_size: int, port: int, **overrides: str) -> dict[str, str]:
     """The environment torchrun gives rank ``rank`` of a one-machine job on 127.0.0.1."""
     return process_env(

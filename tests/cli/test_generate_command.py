@@ -17,7 +17,7 @@ import torch
 import transformers
 from models.hf_checkpoints import make_checkpoint
 from models.hf_tokenizers import make_tokenizer
-from support import clean_env, free_port, process_env
+from support import clean_env, torchrun
 
 from slotwise.compilation.config import ENV_CONFIG
 
@@ -135,15 +135,7 @@ def test_tensor_parallel_ranks_generate_the_single_process_tokens(folder, genera
     args = ["--model", str(folder), *prompt_args, "--max-new-tokens", "8", "--ignore-eos",
             "--json", "-O0"]  # fmt: skip
     _, single, _ = generate(*args)
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-        "-m", "slotwise", "generate", "--tp", "2", *args,
-    ]  # fmt: skip
-    result = subprocess.run(
-        command, capture_output=True, text=True, timeout=600,
-        env=process_env(SLOTWISE_DIST_TIMEOUT="120"),
-    )  # fmt: skip
+    result = torchrun("-m", "slotwise", "generate", "--tp", "2", *args, SLOTWISE_DIST_TIMEOUT="120")
     assert result.returncode == 0, result.stderr[-4000:]
     ranks = json_lines(result.stdout)  # rank 0 alone prints
     assert [r["token_ids"] for r in ranks] == [r["token_ids"] for r in json_lines(single)]

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from support import free_port, process_env
+from support import process_env, torchrun
 
 #: A user's script: one collective, then the end of the file instead of a shutdown.
 #: The abort comes when gloo's worker thread, releasing the all-reduce's tensors, takes
@@ -35,20 +35,7 @@ def test_a_torchrun_job_that_never_shuts_down_exits_cleanly(tmp_path):
     script.write_text(NO_SHUTDOWN)
     failures = []
     for run in range(RUNS):
-        command = [
-            sys.executable, "-m", "torch.distributed.run",
-            "--nproc-per-node", "2",
-            "--master-addr", "127.0.0.1",
-            "--master-port", str(free_port()),
-            str(script),
-        ]  # fmt: skip
-        result = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=process_env(SLOTWISE_DIST_TIMEOUT="30"),
-        )
+        result = torchrun(str(script), timeout=60, SLOTWISE_DIST_TIMEOUT="30")
         if result.returncode != 0 or "terminate called" in result.stderr:
             failures.append(f"run {run} (exit {result.returncode}):\n{result.stderr[-3000:]}")
     assert not failures, f"{len(failures)} of {RUNS} runs failed\n" + "\n".join(failures)

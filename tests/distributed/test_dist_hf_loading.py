@@ -9,15 +9,13 @@ read through a wrapped ``safe_open``, and generate the single process's tokens.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from models.hf_checkpoints import make_checkpoint
 from safetensors.torch import load_file
-from support import free_port, process_env
+from support import torchrun
 
 from slotwise.distributed import parallel_layers
 from slotwise.distributed import state as distributed_state
@@ -100,20 +98,10 @@ def test_torchrun_ranks_read_their_shards_and_generate_the_single_process_tokens
     )
     out = tmp_path / "out"
     out.mkdir()
-    command = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nproc-per-node", "2",
-        "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()),
+    result = torchrun(
         str(WORKER), str(folder), str(out), str(level), json.dumps(PROMPTS), "8",
-    ]  # fmt: skip
-    result = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=process_env(SLOTWISE_DIST_TIMEOUT="120", SLOTWISE_DISABLE_COMPILE_CACHE="1"),
-    )
+        SLOTWISE_DIST_TIMEOUT="120", SLOTWISE_DISABLE_COMPILE_CACHE="1",
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]
     total = tensor_bytes(folder)
     for rank in (0, 1):

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support import free_port, process_env
+from support import torchrun
 
 from slotwise.models.llama import PRESETS
 
@@ -18,20 +16,10 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tensor_parallel.py
 @pytest.mark.slow
 @pytest.mark.parametrize("level_flags", [["-O0"], ["-O.backend=eager"]], ids=["level0", "level3"])
 def test_tensor_parallel_tokens_match_a_single_process(level_flags):
-    command = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nproc-per-node", "2",
-        "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()),
+    result = torchrun(
         str(EXAMPLE), "--tp", "2", "--json", *level_flags,
-    ]  # fmt: skip
-    result = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=process_env(SLOTWISE_DIST_TIMEOUT="120", SLOTWISE_DISABLE_COMPILE_CACHE="1"),
-    )
+        SLOTWISE_DIST_TIMEOUT="120", SLOTWISE_DISABLE_COMPILE_CACHE="1",
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["tp"] == 2
@@ -42,21 +30,11 @@ def test_tensor_parallel_tokens_match_a_single_process(level_flags):
 
 @pytest.mark.slow
 def test_bench_runs_under_torchrun_with_tensor_parallelism():
-    command = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nproc-per-node", "2",
-        "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()),
+    result = torchrun(
         "-m", "slotwise", "bench", "--tp", "2", "--preset", "tiny", "--batch-sizes", "2",
         "--iterations", "2", "--variants", "eager,level3", "-O.backend=eager", "--json",
-    ]  # fmt: skip
-    result = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=process_env(SLOTWISE_DIST_TIMEOUT="120", SLOTWISE_DISABLE_COMPILE_CACHE="1"),
-    )
+        SLOTWISE_DIST_TIMEOUT="120", SLOTWISE_DISABLE_COMPILE_CACHE="1",
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]
     report = json.loads(result.stdout)  # rank 0 alone prints
     assert report["tensor_parallel_size"] == 2
