@@ -13,8 +13,6 @@ could not run (the platform is unknown or unavailable, say).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
 import json
 import subprocess
 import sys
@@ -24,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from slotwise.cli.table import format_table
+from slotwise.import_path import resolve_import_path
+from slotwise.plugins.manager import stdout_to_stderr
 from slotwise.testing.conformance import SUITE_DIRECTORY
 from slotwise.testing.conformance.report import CheckSummary, read_report, summarise
 
@@ -165,14 +165,11 @@ def _device_variable(platform: str) -> str:
 
     try:
         # Plugin code may print: keep stdout for the summary.
-        with contextlib.redirect_stdout(sys.stderr):
+        with stdout_to_stderr():
             entry = get_resolver().entries.get(platform)
             if entry is None:
                 return ""
-            module, _, qualname = entry.spec.platform_cls.partition(":")
-            value: Any = importlib.import_module(module)
-            for part in qualname.split("."):
-                value = getattr(value, part)
+            value = resolve_import_path(entry.spec.platform_cls, what="platform", fix="")
     except Exception:  # noqa: BLE001 - only advice: the error itself is already known
         return ""
     variable = getattr(value, "device_control_env_var", "")

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.metadata
 import json
 import platform as _pyplatform
-import sys
 from typing import Any
 
 import slotwise
@@ -15,6 +13,7 @@ from slotwise import envs
 from slotwise.cli.table import format_table
 from slotwise.platforms import PlatformError, get_current_platform, plugin_report
 from slotwise.platforms.unspecified import UnspecifiedPlatform
+from slotwise.plugins.manager import stdout_to_stderr
 
 
 def add_parser(commands: Any, name: str) -> None:
@@ -133,7 +132,7 @@ def render(info: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     # stdout carries the answer alone: what plugin code prints while we ask goes to stderr.
-    with contextlib.redirect_stdout(sys.stderr):
+    with stdout_to_stderr():
         info = collect()
     print(json.dumps(info, indent=2) if args.json else render(info))
     return 0 if info["platform"] else 1

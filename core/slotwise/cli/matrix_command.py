@@ -11,14 +11,13 @@ asked separately: a plugin that breaks one cell shows an error there, never a cr
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import slotwise
 from slotwise.cli.table import format_table
+from slotwise.plugins.manager import stdout_to_stderr
 
 if TYPE_CHECKING:
     from slotwise.platforms import Platform
@@ -243,7 +242,7 @@ def _escape(text: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     # stdout carries the answer alone: what plugin code prints while we ask goes to stderr.
-    with contextlib.redirect_stdout(sys.stderr):
+    with stdout_to_stderr():
         info = collect()
     if not info["platforms"]:
         print("no platform plugin is installed; try 'pip install slotwise-cpu'")

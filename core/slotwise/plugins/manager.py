@@ -265,7 +265,7 @@ def plugin_code(record: PluginRecord, action: str) -> Iterator[None]:
     """
     before = envs.settings()
     try:
-        with _stdout_to_stderr():
+        with stdout_to_stderr():
             yield
     except Exception:
         raise
@@ -306,7 +306,7 @@ _stdout_saved: TextIO | None = None
 
 
 @contextlib.contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
+def stdout_to_stderr() -> Iterator[None]:
     """``sys.stdout`` is ``sys.stderr`` inside, for as long as any thread is inside.
 
     Unlike ``contextlib.redirect_stdout``, safe when threads enter and leave in any
