@@ -27,6 +27,7 @@ from slotwise.compilation.context import get_current_compilation_config
 from slotwise.errors import SlotwiseError
 from slotwise.import_path import check_import_path, resolve_import_path
 from slotwise.platforms import get_current_platform
+from slotwise.plugins.registration import own_platform
 
 logger = logging.getLogger("slotwise")
 
@@ -50,9 +51,11 @@ class CustomOpRegistry:
     residual=None)``), or a ``"module:function"`` string imported on first use.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, own_platforms: tuple[str, ...] = ()) -> None:
         self._entries: dict[tuple[str, str], Implementation | str] = {}
         self._sources: dict[tuple[str, str], str] = {}
+        #: The platforms the registering plugin declares, for ``register_own``.
+        self.own_platforms = own_platforms
 
     def register(self, op_name: str, platform: str, implementation: Implementation | str) -> None:
         known_ops = CORE_OP_NAMES | set(CustomOp.op_classes)
@@ -73,6 +76,17 @@ class CustomOpRegistry:
         elif not callable(implementation):
             raise CustomOpError(f"replacement for {op_name!r} must be callable")
         self._entries[(op_name, platform)] = implementation
+
+    def register_own(self, op_name: str, implementation: Implementation | str) -> None:
+        """Replace ``op_name`` on the platform this plugin declares in ``slotwise_platforms``.
+
+        The registry knows that name, so the plugin writes it once, in its spec.
+        """
+        platform = own_platform(self.own_platforms, "register_own", CustomOpError)
+        self.register(op_name, platform, implementation)
+
+    def registrations(self) -> list[tuple[str, str]]:
+        return [(platform, f"a replacement for custom op {op!r}") for op, platform in self._entries]
 
     def merge(self, other: CustomOpRegistry, source: str) -> None:
         """Take ``other``'s entries (one plugin's); a clash keeps the later one, loudly."""
@@ -114,10 +128,11 @@ def get_custom_op_registry() -> CustomOpRegistry:
     global _registry
     with _registry_lock:
         if _registry is None:
+            from slotwise.platforms.resolution import declared_platforms
             from slotwise.plugins import get_plugin_manager
 
             _registry = get_plugin_manager().register_all(
-                "slotwise_register_custom_ops", CustomOpRegistry
+                "slotwise_register_custom_ops", CustomOpRegistry, declared_platforms()
             )
         return _registry
 

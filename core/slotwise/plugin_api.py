@@ -34,6 +34,8 @@ _EXPORTS: dict[str, str] = {
     "GraphAPI": "slotwise.compilation.graph_api",
     "StaticGraph": "slotwise.compilation.graph_api",
     "weak_ref_tensors": "slotwise.compilation.graph_api",
+    "RecordedGraphAPI": "slotwise.compilation.recorded_graph",
+    "RecordedGraph": "slotwise.compilation.recorded_graph",
     "StaticGraphError": "slotwise.compilation.static_graph",
     "ForwardContext": "slotwise.forward_context",
     "try_get_forward_context": "slotwise.forward_context",

@@ -10,6 +10,8 @@ import sys
 import pytest
 from support import clean_env
 
+from slotwise.version import API_VERSION
+
 
 def slotwise(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -27,7 +29,7 @@ def test_env_json_reports_versions_platform_and_every_plugin():
     info = json.loads(result.stdout)
     assert info["platform"] == "cpu"
     assert info["torch"].startswith("2.")
-    assert info["api_version"] == "1.0"
+    assert info["api_version"] == API_VERSION
     assert info["devices"]["count"] >= 1
     assert info["devices"]["list"][0]["total_memory"] > 0
     statuses = {row["name"]: row["status"] for row in info["plugins"]}

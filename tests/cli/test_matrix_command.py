@@ -10,6 +10,8 @@ import sys
 import pytest
 from support import clean_env
 
+from slotwise.version import API_VERSION
+
 BUNDLED = ("ascend_stub", "cuda", "cpu")  # by priority, as the matrix orders them
 
 
@@ -112,12 +114,12 @@ def test_json_describes_each_platform_without_errors():
     result = slotwise("matrix", "--json")
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
-    assert info["api_version"] == "1.0" and info["selected"] == "cpu"
+    assert info["api_version"] == API_VERSION and info["selected"] == "cpu"
     platforms = {p["name"]: p for p in info["platforms"]}
     assert list(platforms) == list(BUNDLED)
     for platform in platforms.values():
         assert platform["errors"] == {}
-        assert platform["requires_api"] == ">=1.0,<2"
+        assert platform["requires_api"] == ">=1.1,<2"
         assert "float32" in platform["dtypes"]
         assert platform["attention_backends"][0]["name"]
     assert platforms["cpu"]["communicator"]["backend"] == "gloo"
@@ -190,6 +192,27 @@ def test_broken_plugins_show_errors_in_their_cells_and_the_rest_still_prints(dis
         result.stdout
     )
     assert "cannot import module 'no_such_module'" in result.stdout
+
+
+def test_piecewise_modes_are_not_shown_when_the_piecewise_backend_is_broken(dists):
+    plugin = vendor_plugin("vendor").replace(
+        "        def get_communicator_cls(self, **kwargs):",
+        "        def get_piecewise_backend_cls(self, **kwargs):\n"
+        "                from vendor_sdk import PiecewiseBackend\n\n"
+        "            def get_communicator_cls(self, **kwargs):",
+    )
+    dists.add("slotwise-vendor", plugin)
+    result = matrix_in(dists, "matrix", "--json")
+    assert result.returncode == 0, result.stderr
+    vendor = next(p for p in json.loads(result.stdout)["platforms"] if p["name"] == "vendor")
+    assert vendor["graph_modes"] == ["NONE", "FULL"]
+    assert vendor["errors"]["piecewise_backend"].startswith(
+        "ModuleNotFoundError: No module named 'vendor_sdk'"
+    )
+    table = matrix_in(dists, "matrix").stdout
+    assert "vendor piecewise backend (piecewise graph modes left out): ModuleNotFoundError" in (
+        table
+    )
 
 
 def test_json_stays_json_when_a_plugin_prints(dists):

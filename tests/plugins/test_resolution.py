@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from slotwise.version import API_VERSION
+
 RESOLVE = """
 import slotwise
 print(slotwise.current_platform.name)
@@ -152,7 +154,7 @@ def test_incompatible_api_range_is_reported_never_selected_and_errors_when_force
     assert lines[0] == "cpu", result.stderr
     status, reason = json.loads(lines[1])["future"]
     assert status == "incompatible"
-    assert ">=2,<3" in reason and "API 1.0" in reason
+    assert ">=2,<3" in reason and f"API {API_VERSION}" in reason
     forced = dists.run(RESOLVE, SLOTWISE_PLATFORM="future")
     assert forced.returncode != 0
     assert "PlatformError" in forced.stderr and ">=2,<3" in forced.stderr

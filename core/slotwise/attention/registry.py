@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from slotwise.attention.backend import AttentionBackend
 from slotwise.errors import SlotwiseError
 from slotwise.import_path import check_import_path, resolve_import_path
+from slotwise.plugins.registration import own_platform
 
 
 class AttentionBackendError(SlotwiseError, ValueError):
@@ -66,9 +67,11 @@ class BackendEntry:
 class AttentionBackendRegistry:
     """The object passed to ``slotwise_register_attention_backends``."""
 
-    def __init__(self) -> None:
+    def __init__(self, own_platforms: tuple[str, ...] = ()) -> None:
         self._entries: list[BackendEntry] = []
         self._order = itertools.count()
+        #: The platforms the registering plugin declares, for ``register_own``.
+        self.own_platforms = own_platforms
 
     def register(
         self, platform_name: str, backend: type[AttentionBackend] | str, priority: int = 0
@@ -90,6 +93,20 @@ class AttentionBackendRegistry:
             raise TypeError(f"priority of {backend!r} must be an int, got {priority!r}")
         self._entries.append(BackendEntry(platform_name, backend, priority, next(self._order)))
 
+    def register_own(self, backend: type[AttentionBackend] | str, priority: int = 0) -> None:
+        """Offer ``backend`` on the platform this plugin declares in ``slotwise_platforms``.
+
+        The registry knows that name, so the plugin writes it once, in its spec.
+        """
+        self.register(
+            own_platform(self.own_platforms, "register_own", AttentionBackendError),
+            backend,
+            priority,
+        )
+
+    def registrations(self) -> list[tuple[str, str]]:
+        return [(e.platform, f"attention backend {e.label}") for e in self._entries]
+
     def merge(self, other: AttentionBackendRegistry, source: str) -> None:
         """Take ``other``'s registrations (plugin ``source``'s), after the ones already here."""
         for entry in other._entries:
@@ -110,9 +127,12 @@ def get_attention_backend_registry() -> AttentionBackendRegistry:
     global _registry
     with _registry_lock:
         if _registry is None:
+            from slotwise.platforms.resolution import declared_platforms
             from slotwise.plugins import get_plugin_manager
 
             _registry = get_plugin_manager().register_all(
-                "slotwise_register_attention_backends", AttentionBackendRegistry
+                "slotwise_register_attention_backends",
+                AttentionBackendRegistry,
+                declared_platforms(),
             )
         return _registry

@@ -79,7 +79,11 @@ def _describe(entry: PlatformEntry, status: str, reason: str) -> dict[str, Any]:
         "custom_ops": _ask(errors, "custom_ops", lambda: _custom_ops(entry.name)),
     }
     if platform is not None:
-        data["graph_modes"] = _ask(errors, "graph_modes", lambda: _graph_modes(platform, classes))
+        _ask(errors, "piecewise_backend", lambda: _check_piecewise_backend(platform))
+        pieces = "piecewise_backend" not in errors
+        data["graph_modes"] = _ask(
+            errors, "graph_modes", lambda: _graph_modes(platform, classes, pieces)
+        )
         data["communicator"] = _ask(errors, "communicator", lambda: _communicator(platform))
         data["compile_backend"] = platform.default_compile_backend
         data["custom_op_key"] = platform.custom_op_key
@@ -125,16 +129,35 @@ def _listing(values: tuple[int, ...] | None) -> list[int] | None:
     return None if values is None else list(values)
 
 
-def _graph_modes(platform: Platform, attention_backends: list[type]) -> list[str]:
+def _check_piecewise_backend(platform: Platform) -> None:
+    """Raise what a compile would meet when the platform's own piecewise backend is broken."""
+    from slotwise.compilation.piecewise_backend import AbstractPiecewiseBackend
+
+    cls = platform.get_piecewise_backend_cls()
+    if cls is not None and not (
+        isinstance(cls, type) and issubclass(cls, AbstractPiecewiseBackend)
+    ):
+        raise TypeError(
+            f"get_piecewise_backend_cls() returned {cls!r}, not an AbstractPiecewiseBackend "
+            "subclass"
+        )
+
+
+def _graph_modes(platform: Platform, attention_backends: list[type], pieces: bool) -> list[str]:
     """The ``GraphMode``s a model can run in on this platform with one of its attention
-    backends (``supported_graph_modes``): FULL modes need a backend that may be captured."""
+    backends (``supported_graph_modes``): FULL modes need a backend that may be captured,
+    piecewise modes a piecewise backend (``pieces``: the platform's own one works)."""
     from slotwise.compilation.config import GraphMode
     from slotwise.compilation.graph_modes import supported_graph_modes
 
     modes = {GraphMode.NONE}.union(
         *(supported_graph_modes(platform, cls) for cls in attention_backends)
     )
-    return [mode.name for mode in GraphMode if mode in modes]
+    return [
+        mode.name
+        for mode in GraphMode
+        if mode in modes and (pieces or not mode.has_piecewise_graphs)
+    ]
 
 
 def _communicator(platform: Platform) -> dict[str, Any]:
@@ -190,6 +213,7 @@ def _cells(info: dict[str, Any]) -> tuple[list[str], list[list[str]], list[str]]
         cells = ["error, see notes" if p[key] is None else show(p[key]) for p in platforms]
         rows.append([label, *cells])
     labels = {key: label for label, key, _ in ROWS}
+    labels["piecewise_backend"] = "piecewise backend (piecewise graph modes left out)"
     notes = []
     for platform in platforms:
         if platform["reason"] and platform["status"] != "selected":

@@ -359,6 +359,14 @@ def get_resolver() -> PlatformResolver:
         return _resolver
 
 
+def declared_platforms() -> dict[str, tuple[str, ...]]:
+    """Each plugin's name -> the platforms it declares, for the registration hooks."""
+    declared: dict[str, tuple[str, ...]] = {}
+    for entry in get_resolver().entries.values():
+        declared[entry.plugin.name] = (*declared.get(entry.plugin.name, ()), entry.name)
+    return declared
+
+
 def get_current_platform() -> Platform:
     """The platform of this process, resolved once; later calls return the same object.
 

@@ -37,9 +37,11 @@ def slotwise_platforms() -> list[PlatformSpec]:
 
 @hookspec
 def slotwise_register_attention_backends(registry: AttentionBackendRegistry) -> None:
-    """Add attention backends to ``registry``, also for another plugin's platform:
-    ``registry.register("myplatform", "my_plugin.attention:MyBackend", priority=10)``.
-    A ``"module:Class"`` string is imported only when the backend is selected.
+    """Add attention backends to ``registry``: for the platform this plugin declares,
+    ``registry.register_own("my_plugin.attention:MyBackend", priority=10)``; for another
+    plugin's platform, ``registry.register("cuda", "my_plugin.attention:MyBackend")``.
+    A ``"module:Class"`` string is imported only when the backend is selected.  A
+    registration for a platform no installed plugin declares is warned about.
 
     A flash-attention package, for instance, adds its backend to the ``cuda``
     platform without the CUDA plugin knowing about it.
@@ -49,7 +51,8 @@ def slotwise_register_attention_backends(registry: AttentionBackendRegistry) -> 
 @hookspec
 def slotwise_register_custom_ops(registry: CustomOpRegistry) -> None:
     """Register out-of-tree implementations of ``CustomOp`` subclasses:
-    ``registry.register("rms_norm", "myplatform", "my_plugin.ops:rms_norm")``, where
+    ``registry.register_own("rms_norm", "my_plugin.ops:rms_norm")`` on the platform this
+    plugin declares (``registry.register("rms_norm", "cuda", ...)`` on another's), where
     the function takes the op module first and then the op's forward arguments.
 
     Lets a plugin replace, e.g., RMSNorm on its platform without any change to

@@ -20,7 +20,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol, TextIO, TypeVar
@@ -36,10 +36,18 @@ logger = logging.getLogger("slotwise")
 
 
 class Registry(Protocol):
-    """What a registration hook fills, e.g. the attention-backend or custom-op registry."""
+    """What a registration hook fills, e.g. the attention-backend or custom-op registry.
+
+    Built with the names of the platforms the registering plugin declares (its
+    ``slotwise_platforms`` answer), so its ``register_own`` needs no platform name.
+    """
 
     def merge(self, other: Any, source: str) -> None:
         """Take ``other``'s registrations, made by plugin ``source`` (its label)."""
+
+    def registrations(self) -> list[tuple[str, str]]:
+        """``(platform name, what is registered for it)`` for each registration."""
+        ...
 
 
 R = TypeVar("R", bound=Registry)
@@ -58,6 +66,8 @@ class PluginRecord:
     dist: importlib.metadata.Distribution | None = field(default=None, repr=False)
     status: str = "loaded"  # "loaded" | "failed" | "filtered"
     reason: str = ""
+    #: What was warned about this plugin while it stayed loaded (conformance fails on it).
+    warnings: list[str] = field(default_factory=list)
 
     # Read lazily: a distribution's name and version come from parsing its METADATA
     # file, which costs more than the rest of plugin discovery together.
@@ -197,26 +207,39 @@ class PluginManager:
         if (record.name, problem) in self._warned:
             return
         self._warned.add((record.name, problem))
+        record.warnings.append(problem)
         logger.warning("%s %s", record.label, problem)
 
     def call_each(self, hook_name: str, **kwargs: Any) -> list[tuple[PluginRecord, Any]]:
         """Call ``hook_name`` on every loaded plugin; a plugin whose hook raises is failed."""
         return self._call_each(hook_name, lambda record: kwargs)
 
-    def register_all(self, hook_name: str, new_registry: Callable[[], R]) -> R:
+    def register_all(
+        self,
+        hook_name: str,
+        new_registry: Callable[..., R],
+        declared: Mapping[str, tuple[str, ...]],
+    ) -> R:
         """One registry filled through the registration hook ``hook_name`` of every plugin.
 
-        Each plugin registers into a fresh registry of its own, merged only when its hook
-        returns without error: a plugin that fails half-way leaves nothing behind.
+        ``declared`` maps each plugin's name to the platforms it declares.  Each plugin
+        registers into a fresh registry of its own, which knows that plugin's platforms,
+        merged only when its hook returns without error: a plugin that fails half-way
+        leaves nothing behind.  A registration for a platform no plugin declares (a typo,
+        most often) is warned about: it would never be used.
         """
         staged: dict[str, R] = {}
 
         def fresh(record: PluginRecord) -> dict[str, Any]:
-            staged[record.name] = new_registry()
+            staged[record.name] = new_registry(declared.get(record.name, ()))
             return {"registry": staged[record.name]}
 
+        known = sorted({name for names in declared.values() for name in names})
         registry = new_registry()
         for record, _ in self._call_each(hook_name, fresh):
+            for platform, what in staged[record.name].registrations():
+                if platform not in known:
+                    self.warn(record, _undeclared_platform_message(platform, what, known))
             registry.merge(staged[record.name], record.label)
         return registry
 
@@ -363,6 +386,16 @@ def _unmarked_hooks(plugin: Any, implements: Callable[[Any, str], bool]) -> list
 def _package(obj: Any) -> str:
     module = obj.__name__ if inspect.ismodule(obj) else getattr(obj, "__module__", None)
     return (module or "").partition(".")[0]
+
+
+def _undeclared_platform_message(platform: str, what: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(platform, known, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return (
+        f"registers {what} for platform {platform!r}, which no installed plugin declares, "
+        f"so it is never used; {hint}Declared platforms: {', '.join(known) or 'none'}. "
+        "For your own platform, registry.register_own(...) needs no name"
+    )
 
 
 def _unknown_hooks_message(names: list[str]) -> str:

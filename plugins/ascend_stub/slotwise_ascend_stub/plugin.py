@@ -37,7 +37,7 @@ def slotwise_platforms() -> list[PlatformSpec]:
             platform_cls="slotwise_ascend_stub.platform:AscendStubPlatform",
             probe=probe,
             priority=150,  # bundled plugins use 0-199 (cpu 0, cuda 100); vendors use 200 and up
-            requires_api=">=1.0,<2",  # the slotwise plugin API this was written against
+            requires_api=">=1.1,<2",  # the slotwise plugin API this was written against
         )
     ]
 
@@ -45,11 +45,13 @@ def slotwise_platforms() -> list[PlatformSpec]:
 @hookimpl
 def slotwise_register_attention_backends(registry: AttentionBackendRegistry) -> None:
     # A "module:Class" string: the backend module (and torch) is imported only if
-    # selected, so registering costs nothing.
-    registry.register("ascend_stub", "slotwise_ascend_stub.attention:AscendStubReferenceBackend")
+    # selected, so registering costs nothing.  register_own: for the platform this
+    # plugin declares above, so its name is written once (registry.register(name, ...)
+    # adds a backend to another plugin's platform).
+    registry.register_own("slotwise_ascend_stub.attention:AscendStubReferenceBackend")
 
 
 @hookimpl
 def slotwise_register_custom_ops(registry: CustomOpRegistry) -> None:
     # The stub's own RMSNorm replaces slotwise's on this platform; model code is unchanged.
-    registry.register("rms_norm", "ascend_stub", "slotwise_ascend_stub.custom_ops:rms_norm")
+    registry.register_own("rms_norm", "slotwise_ascend_stub.custom_ops:rms_norm")

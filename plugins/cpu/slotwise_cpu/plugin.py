@@ -22,11 +22,11 @@ def slotwise_platforms() -> list[PlatformSpec]:
             platform_cls="slotwise_cpu.platform:CpuPlatform",
             probe=probe,
             priority=0,
-            requires_api=">=1.0,<2",
+            requires_api=">=1.1,<2",
         )
     ]
 
 
 @hookimpl
 def slotwise_register_attention_backends(registry: AttentionBackendRegistry) -> None:
-    registry.register("cpu", "slotwise_cpu.attention:CpuSdpaBackend")
+    registry.register_own("slotwise_cpu.attention:CpuSdpaBackend")

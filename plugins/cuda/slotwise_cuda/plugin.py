@@ -22,17 +22,17 @@ def slotwise_platforms() -> list[PlatformSpec]:
             platform_cls="slotwise_cuda.platform:CudaPlatform",
             probe=probe_cuda,
             priority=100,
-            requires_api=">=1.0,<2",
+            requires_api=">=1.1,<2",
         )
     ]
 
 
 @hookimpl
 def slotwise_register_attention_backends(registry: AttentionBackendRegistry) -> None:
-    registry.register("cuda", "slotwise_cuda.attention:TritonPagedBackend")
+    registry.register_own("slotwise_cuda.attention:TritonPagedBackend")
 
 
 @hookimpl
 def slotwise_register_custom_ops(registry: CustomOpRegistry) -> None:
     for op_name in TRITON_CUSTOM_OPS:
-        registry.register(op_name, "cuda", f"slotwise_cuda.custom_ops:{op_name}")
+        registry.register_own(op_name, f"slotwise_cuda.custom_ops:{op_name}")

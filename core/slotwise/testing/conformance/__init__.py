@@ -17,6 +17,7 @@ from pathlib import Path
 
 #: The checks, in the order they run: cheap, fundamental ones first.
 CHECKS = (
+    "loading",
     "interface",
     "probe",
     "attention",
