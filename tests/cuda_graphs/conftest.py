@@ -1,9 +1,10 @@
 """slotwise's static-graph wrappers on the CPU, through the stub NPU's graph API.
 
-That API keeps the contract of a device graph: a replay recomputes the captured
-work from the captured input tensors and writes into the captured output storage,
-so a test sees exactly what a real graph does: new data in a captured buffer is picked up, a
-new tensor elsewhere is not.
+That API (slotwise's ``RecordedGraphAPI``) keeps the contract of a device graph: a
+replay runs again the ops its capture recorded, on the captured tensors, with the host
+values of the capture, and writes into the captured outputs, so a test sees exactly
+what a real graph does: new data in a captured buffer is picked up, a new tensor
+elsewhere is not.
 """
 
 from __future__ import annotations

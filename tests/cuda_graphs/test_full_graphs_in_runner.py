@@ -1,8 +1,8 @@
 """FULL graphs through the ModelRunner on the CPU graph API: attention inside the graph.
 
-The stub graph API replays a graph under the forward context of its capture, as a
-device graph replays the metadata addresses and counts it saw; so a FULL step gives
-the right tokens only if the runner refills the static metadata in place.
+The stub graph API replays the ops its capture recorded, with the metadata tensors and
+host counts the capture saw, as a device graph does; so a FULL step gives the right
+tokens only if the runner refills the static metadata in place.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from slotwise.cli import (
     env_command,
     generate_command,
     matrix_command,
+    new_plugin_command,
 )
 from slotwise.errors import EnvironmentVariableError, SlotwiseError
 
@@ -22,6 +23,7 @@ SUBCOMMANDS = {
     "generate": generate_command,
     "matrix": matrix_command,
     "conformance": conformance_command,
+    "new-plugin": new_plugin_command,
 }
 
 

@@ -5,8 +5,9 @@ A platform returns one from ``Platform.get_graph_api()``; slotwise's own
 static-graph contract (warm-ups, one capture per size, the input-address check, the
 capture window) is the same on every platform and a vendor writes only these few
 methods.  ``plugins/cuda/slotwise_cuda/graph_api.py`` (real CUDA graphs) and
-``plugins/ascend_stub/slotwise_ascend_stub/graphs.py`` (simulated on the CPU) are
-the two implementations in this repository.
+``slotwise.compilation.recorded_graph.RecordedGraphAPI`` (graphs simulated by recording
+torch ops, which ``plugins/ascend_stub`` uses) are the implementations in this
+repository.
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ class StaticGraph(Protocol):
 
     def replay(self) -> None:
         """Run the recorded work again: read the inputs at the addresses seen during
-        capture and write the results, in place, into the tensors ``capture`` returned."""
+        capture and write the results, in place, into the tensors ``capture`` returned.
+
+        Nothing is returned: slotwise hands on the tensors ``capture`` returned, so results
+        written anywhere else are lost.  slotwise checks this on the replay right after
+        each capture and raises ``StaticGraphError`` naming the GraphAPI when it fails."""
         ...
 
 

@@ -4,7 +4,10 @@ At level 3 slotwise hands every capturable piece to a piecewise backend:
 ``CompiledPiecewiseBackend`` (compile and dispatch on the runtime size), or, in
 graph modes with piecewise graphs, ``StaticGraphPiecewiseBackend`` on top of the
 platform's ``GraphAPI``.  A platform wanting full control of its pieces returns its
-own ``AbstractPiecewiseBackend`` subclass from ``get_piecewise_backend_cls()``.
+own ``AbstractPiecewiseBackend`` subclass from ``get_piecewise_backend_cls()``; its
+pieces then keep the static-graph contract only if that class does (input addresses
+checked with ``static_graph.check_input_addresses``, replays written into the captured
+outputs), which the conformance check ``static_graphs`` verifies.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 import torch.fx
 
 from slotwise.compilation.compile_lock import compile_lock
+from slotwise.compilation.recorded_graph import through_recorder
 
 if TYPE_CHECKING:
     from slotwise.compilation.compile_cache import CompileCache
@@ -120,8 +124,10 @@ class CompiledPiecewiseBackend(AbstractPiecewiseBackend):
 
     def __init__(self, graph: torch.fx.GraphModule, config: CompilationConfig, **kwargs: Any):
         super().__init__(graph, config, **kwargs)
-        self.general: Callable[..., Any] = self.compile_cache.compile(
-            graph, kwargs["example_inputs"], runtime_shape=None
+        # Compiled code the dispatcher cannot see (Inductor's) is recorded as one step
+        # when a RecordedGraph captures it; plain FX code is recorded op by op.
+        self.general: Callable[..., Any] = through_recorder(
+            self.compile_cache.compile(graph, kwargs["example_inputs"], runtime_shape=None)
         )
         self.compile_sizes = frozenset(config.compile_sizes)
         self.by_size: dict[int, Callable[..., Any]] = {}
@@ -135,8 +141,8 @@ class CompiledPiecewiseBackend(AbstractPiecewiseBackend):
             with compile_lock:
                 compiled = self.by_size.get(size)
                 if compiled is None:
-                    compiled = self.compile_cache.compile(
-                        self.graph, list(args), runtime_shape=size
+                    compiled = through_recorder(
+                        self.compile_cache.compile(self.graph, list(args), runtime_shape=size)
                     )
                     self.by_size[size] = compiled
         return compiled

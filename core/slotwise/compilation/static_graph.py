@@ -4,6 +4,10 @@ A captured graph replays fixed kernels on fixed addresses, so:
 - replays read inputs from the addresses seen at capture; a moved input is detected
   on the first replay of each size (every replay with ``debug_checks``) and raises
   ``StaticGraphError``;
+- replays write their results in place into the tensors the capture returned; a replay
+  that leaves them alone (its results went to new tensors) is detected on the replay
+  right after each capture (every replay with ``debug_checks``) and raises
+  ``StaticGraphError`` naming the ``GraphAPI``;
 - capture happens only after warm-up runs, and, once a runner has captured the
   sizes it serves (the capture window), never again at run time;
 - which graph acts in a step (none, the pieces', or the full model's) follows one
@@ -87,6 +91,66 @@ def check_input_addresses(
                 "(slotwise.runner does this) instead of passing new tensors, or set "
                 "graph_copy_inputs=True in the compilation config to have slotwise copy them"
             )
+
+
+#: What ``OutputsProbe`` writes: a value no computation gives by chance, so an output
+#: still holding it everywhere after a replay was not written by that replay.
+_MARKER = -1.2345e-5
+_MARKABLE = ("float16", "bfloat16", "float32", "float64")
+
+
+class OutputsProbe:
+    """Finds out whether a replay wrote into the captured outputs.
+
+    Before the replay it fills the floating-point outputs with a marker, keeping their
+    values; after it, every output still holding only the marker gets its values back
+    (a piece may return a buffer that it never writes, such as the ``out`` of the
+    attention op after it).  Outputs sharing memory with an argument are left alone.
+    """
+
+    def __init__(self, outputs: Any, args: Sequence[Any]) -> None:
+        import torch
+        from torch.utils import _pytree as pytree
+
+        inputs = {arg.untyped_storage().data_ptr() for arg in args if isinstance(arg, torch.Tensor)}
+        self.saved = [
+            (out, out.clone())
+            for out in pytree.tree_leaves(outputs)
+            if isinstance(out, torch.Tensor)
+            and str(out.dtype).removeprefix("torch.") in _MARKABLE
+            and out.numel() > 0
+            and out.untyped_storage().data_ptr() not in inputs
+        ]
+        for out, _ in self.saved:
+            out.fill_(_MARKER)
+
+    def nothing_written(self) -> bool:
+        """After the replay: whether it left every marked output alone (restoring them)."""
+        untouched = [(out, value) for out, value in self.saved if bool((out == _MARKER).all())]
+        for out, value in untouched:
+            out.copy_(value)
+        return bool(self.saved) and len(untouched) == len(self.saved)
+
+
+def check_outputs_written(
+    what: str, size: int, graph_api: Any, probe: OutputsProbe, returned: Any
+) -> None:
+    """Raise ``StaticGraphError`` if a replay returned a value (``returned``) or wrote none
+    of the captured outputs (``probe``): either way its results went somewhere other than
+    the tensors ``capture()`` returned, which are what slotwise hands on."""
+    nothing_written = probe.nothing_written()
+    if returned is None and not nothing_written:
+        return
+    found = (
+        f"it returned a {type(returned).__name__} instead of None"
+        if returned is not None
+        else "every captured output still holds what slotwise wrote there before the replay"
+    )
+    raise StaticGraphError(
+        f"{what}, capture size {size}: replay() of {type(graph_api).__name__} did not write "
+        f"into the tensors capture() returned ({found}); a replay must write its results "
+        "in place into the captured outputs, not into new tensors"
+    )
 
 
 def _address(value: int | None) -> str:

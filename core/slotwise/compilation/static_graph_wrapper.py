@@ -7,7 +7,8 @@ keeps the same rules:
 
 - per size: ``graph_warmups`` plain runs, then a capture into the one shared
   pool, then replays; the input addresses are checked on the first replay of
-  each size (every replay with ``debug_checks``);
+  each size, and that the replay right after the capture wrote into the captured
+  outputs (both on every replay with ``debug_checks``);
 - with ``graph_copy_inputs`` the batch-sized tensor inputs are copied into buffers
   the wrapper allocated at capture, so callers may pass new tensors every step;
 - the last piece's outputs are held weakly (``GraphAPI.weak_ref``);
@@ -40,10 +41,13 @@ from slotwise.compilation.piecewise_backend import (
     find_size_source,
     read_size,
 )
+from slotwise.compilation.recorded_graph import through_recorder
 from slotwise.compilation.static_graph import (
+    OutputsProbe,
     StaticGraphError,
     check_capture_allowed,
     check_input_addresses,
+    check_outputs_written,
     input_addresses,
 )
 from slotwise.forward_context import set_forward_context, try_get_forward_context
@@ -134,17 +138,29 @@ class StaticGraphWrapper:
             if entry.warmups_done < self.config.graph_warmups:
                 entry.warmups_done += 1
                 return self.runnable(*args)
-            self._capture(size, entry, args)
+            args = self._capture(size, entry, args)
+            check_outputs = True  # the replay right after capture
         else:
             args = _copied_into(entry.buffers, args)
             if not entry.addresses_checked or self.config.debug_checks:
                 check_input_addresses(self.name, size, entry.addresses or [], args)
                 entry.addresses_checked = True
-        assert entry.graph is not None
-        entry.graph.replay()
+            check_outputs = self.config.debug_checks
+        self._replay(size, entry, args, check_outputs)
         return entry.outputs
 
-    def _capture(self, size: int, entry: SizeEntry, args: Sequence[Any]) -> None:
+    def _replay(self, size: int, entry: SizeEntry, args: Sequence[Any], check: bool) -> None:
+        """Replay ``size``'s graph; with ``check``, make sure it wrote the captured outputs."""
+        assert entry.graph is not None
+        if not check:
+            entry.graph.replay()
+            return
+        probe = OutputsProbe(entry.outputs, args)
+        returned = entry.graph.replay()
+        check_outputs_written(self.name, size, self.graph_api, probe, returned)
+
+    def _capture(self, size: int, entry: SizeEntry, args: Sequence[Any]) -> Sequence[Any]:
+        """Capture the graph of ``size``; return the arguments as the graph reads them."""
         check_capture_allowed(self.name, size)
         entry.buffers = {index: args[index].clone() for index in self.copied_inputs}
         args = [entry.buffers.get(index, arg) for index, arg in enumerate(args)]
@@ -157,6 +173,7 @@ class StaticGraphWrapper:
         entry.graph = graph
         counters.bump("num_graphs_captured")
         logger.debug("%s: captured a static graph for size %d", self.name, size)
+        return args
 
 
 def _copied_into(buffers: dict[int, torch.Tensor], args: Sequence[Any]) -> Sequence[Any]:
@@ -222,6 +239,16 @@ def piecewise_backend_cls(
 
 
 def graph_wrapper_cls(platform: Platform) -> Callable[..., StaticGraphWrapper] | None:
-    """``StaticGraphWrapper`` bound to the platform's ``GraphAPI``; None without one."""
+    """``StaticGraphWrapper`` bound to the platform's ``GraphAPI``, for Inductor's graph
+    partitions; None without a GraphAPI.  A partition is Inductor code, whose kernels the
+    dispatcher never sees, so a ``RecordedGraph`` records each call of it as one step."""
     graph_api = platform.get_graph_api()
-    return None if graph_api is None else functools.partial(StaticGraphWrapper, graph_api=graph_api)
+    if graph_api is None:
+        return None
+
+    def wrap(partition: Callable[..., Any], config: CompilationConfig, **kwargs: Any) -> Any:
+        return StaticGraphWrapper(
+            through_recorder(partition), config, graph_api=graph_api, **kwargs
+        )
+
+    return wrap

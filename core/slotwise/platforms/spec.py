@@ -10,7 +10,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from slotwise.import_path import check_import_path
 
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+#: What a platform name may be: it is also a module suffix and an environment-variable part.
+PLATFORM_NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 
 #: Operators that put a ceiling on the versions a specifier admits.
 _UPPER_BOUNDS = frozenset({"<", "<=", "==", "===", "~="})
@@ -35,7 +36,7 @@ class PlatformSpec:
     requires_api: str = ">=1.0,<2"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _NAME.match(self.name):
+        if not isinstance(self.name, str) or not PLATFORM_NAME_PATTERN.match(self.name):
             raise ValueError(
                 f"PlatformSpec.name {self.name!r} must be lower-case letters, digits and "
                 "underscores, starting with a letter (e.g. 'myvendor')"

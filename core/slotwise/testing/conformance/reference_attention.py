@@ -55,6 +55,11 @@ class ReferenceAttention:
         num_blocks: int,
         block_size: int,
     ) -> None:
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads}): "
+                "each key/value head serves the same number of consecutive query heads"
+            )
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.scale = scale
@@ -74,10 +79,10 @@ class ReferenceAttention:
         [num_actual_tokens, num_heads, head_size] in float64.
         """
         num_tokens = metadata.num_actual_tokens
-        for t in range(num_tokens):
-            block, offset = divmod(int(metadata.slot_mapping[t]), self.block_size)
-            self.kv_cache[0, block, offset] = k[t].double()
-            self.kv_cache[1, block, offset] = v[t].double()
+        slots = metadata.slot_mapping[:num_tokens].cpu()
+        # Slot s is block s // block_size, offset s % block_size: row s of the flat cache.
+        self.kv_cache[0].flatten(0, 1)[slots] = k[:num_tokens].double().cpu()
+        self.kv_cache[1].flatten(0, 1)[slots] = v[:num_tokens].double().cpu()
         out = torch.empty(num_tokens, self.num_heads, q.shape[-1], dtype=torch.float64)
         for r in range(metadata.num_reqs):
             start = int(metadata.query_start_loc[r])

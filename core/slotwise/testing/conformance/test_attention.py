@@ -6,14 +6,26 @@ backend's own metadata builder and a cache of the backend's own shape.  Each bat
 is preceded by a step that writes the requests' cached context through the backend
 itself, so no assumption about the cache layout is needed; both steps are compared
 with ``ReferenceAttention``.  Block tables are shuffled and the batch carries
-padding rows past the real tokens, as a static-graph runner pads it.  A backend whose
-``graph_support`` lets full graphs capture it is also run on the static metadata
-layouts those graphs read (``StaticAttentionMetadata``), for the batches it declares.
+padding rows past the real tokens, as a static-graph runner pads it.
+
+Every layout uses a scale other than 1/sqrt(head_size), so a backend ignoring the
+layer's scale fails, and several query heads per key/value head, so a backend pairing
+query heads with the wrong key/value head fails; the scenarios put cached prefixes,
+queries and decodes on and across block boundaries, where a causal mask that is not
+offset by the cached context shows.  A failure names the worst element (token,
+request, position, head, dim) with enough digits to see it differ.
+
+A backend whose ``graph_support`` lets full graphs capture it is also captured, on the
+static metadata layouts those graphs read (``StaticAttentionMetadata``), as a recorded
+graph, then replayed on new data copied into the same buffers, as a runner does.
 """
 
 from __future__ import annotations
 
 import itertools
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -22,25 +34,51 @@ from slotwise.attention import (
     Attention,
     AttentionBackend,
     AttentionBackendError,
+    AttentionMetadata,
     AttentionMetadataBuilder,
     StaticAttentionMetadata,
     allocate_kv_caches,
 )
 from slotwise.attention.selector import select_attention_backend
+from slotwise.compilation import StaticGraphError
+from slotwise.compilation.recorded_graph import RecordedGraphAPI
 from slotwise.forward_context import set_forward_context
 from slotwise.platforms import Platform
 from slotwise.testing.conformance import target
 from slotwise.testing.conformance.reference_attention import ReferenceAttention
 
-#: (query_len, context_len) per request, decodes first as the metadata requires.
-SCENARIOS = {
-    "decode": [(1, 16), (1, 4), (1, 39), (1, 0)],
-    "prefill": [(9, 0), (16, 0), (23, 0)],
-    "chunked_prefill": [(7, 16), (12, 5), (5, 33)],
-    "mixed": [(1, 20), (1, 8), (13, 0), (6, 11)],
+#: (query_len, context_len) per request for a block size, decodes first as the metadata
+#: requires.  Lengths that matter relative to blocks are written in blocks.
+SCENARIOS: dict[str, Callable[[int], list[tuple[int, int]]]] = {
+    "decode": lambda block: [(1, 16), (1, 4), (1, 39), (1, 0)],
+    "prefill": lambda block: [(9, 0), (16, 0), (23, 0)],
+    "chunked_prefill": lambda block: [(7, 16), (12, 5), (5, 33)],
+    "mixed": lambda block: [(1, 20), (1, 8), (13, 0), (6, 11)],
+    # The new token opening a block (after one or two whole blocks), closing one, or first.
+    "decode_on_block_boundaries": lambda block: [
+        (1, block),
+        (1, 2 * block),
+        (1, block - 1),
+        (1, 0),
+    ],
+    # Where a causal mask aligned top-left instead of bottom-right shows: queries short
+    # and longer than a block after a long prefix, and prefixes ending on a block.
+    "cached_prefix": lambda block: [
+        (2, 3 * block + 5),
+        (block + 7, 3 * block + 5),
+        (9, 2 * block),
+        (block + 1, block),
+    ],
+    # Prefills of exactly a block, of one token more, and of two tokens.
+    "prefill_on_block_boundaries": lambda block: [(2, 0), (block, 0), (block + 1, 0)],
 }
-#: (head_size, query heads per key/value head).
-LAYOUTS = [(64, 1), (128, 2), (64, 4)]
+#: The scenarios a uniform-decode full graph serves.
+DECODE_SCENARIOS = ("decode", "decode_on_block_boundaries")
+#: (head_size, query heads per key/value head, scale in units of 1/sqrt(head_size)).
+#: Two scales per head size: a backend must use the layer's, not one of its own.
+LAYOUTS = [(64, 1, 0.75), (128, 2, 1.25), (64, 4, 1.25), (64, 8, 0.75)]
+#: The layout of the full-graph checks.
+FULL_GRAPH_LAYOUT = (64, 2, 0.75)
 NUM_KV_HEADS = 2
 #: Tried in order; a backend that cannot serve one is asked for the next.
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -55,103 +93,258 @@ _layer_names = itertools.count()
 Request = tuple[int, int, list[int]]
 
 
-@pytest.mark.parametrize("head_size, group", LAYOUTS, ids=lambda v: str(v))
+@pytest.mark.parametrize("head_size, group, scale_factor", LAYOUTS, ids=lambda v: str(v))
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_attention_matches_the_reference(scenario: str, head_size: int, group: int) -> None:
-    run_scenario(scenario, head_size, group)
+def test_attention_matches_the_reference(
+    scenario: str, head_size: int, group: int, scale_factor: float
+) -> None:
+    case = Case.prepare(scenario, head_size, group, scale_factor)
+    for label, batch in case.steps:
+        case.run_step(label, batch)
 
 
 @pytest.mark.parametrize(
     "scenario, layout",
-    [*((scenario, "general") for scenario in SCENARIOS), ("decode", "uniform_decode")],
+    [
+        *((scenario, "general") for scenario in SCENARIOS),
+        *((scenario, "uniform_decode") for scenario in DECODE_SCENARIOS),
+    ],
 )
 def test_attention_on_the_full_graph_layouts_it_declares(scenario: str, layout: str) -> None:
-    backend, _, _ = select_backend(target.platform(), 64)
+    backend, _, _ = select_backend(target.platform(), FULL_GRAPH_LAYOUT[0])
     if not backend.graph_support.captures(uniform_decode_only=layout == "uniform_decode"):
         target.skip(
             f"{backend.get_name()} has graph_support {backend.graph_support.name}: full "
             f"graphs never capture it on the {layout} layout"
         )
-    run_scenario(scenario, 64, 2, static_layout=layout)
+    case = Case.prepare(scenario, *FULL_GRAPH_LAYOUT)
+    *context_steps, (label, batch) = case.steps
+    for context_label, context_batch in context_steps:
+        case.run_step(context_label, context_batch)
+    case.run_step(label, batch, static_layout=layout)
 
 
-def run_scenario(
-    scenario: str, head_size: int, group: int, static_layout: str | None = None
-) -> None:
-    """The scenario's steps through the platform's backend, checked against the reference;
-    ``static_layout`` ("general" or "uniform_decode") lays the last one out as a full
-    graph reads it."""
-    platform = target.platform()
-    backend, dtype, block_size = select_backend(platform, head_size)
-    generator = torch.Generator().manual_seed(len(scenario) * 1000 + head_size + group)
-    num_heads = NUM_KV_HEADS * group
-    scale = head_size**-0.5
-    block_ids, num_blocks = shuffled_block_tables(SCENARIOS[scenario], block_size, generator)
-    scratch_block = num_blocks  # for the padding requests of a static layout
-    num_blocks += 1
-    layer = Attention(
-        num_heads,
-        head_size,
-        scale,
-        NUM_KV_HEADS,
-        prefix=f"slotwise_conformance.attention.{next(_layer_names)}",
-        block_size=block_size,
-        dtype=dtype,
-        backend=backend,
-    )
-    device = platform.device_type
-    allocate_kv_caches(layer, num_blocks, device=device, dtype=dtype)
-    reference = ReferenceAttention(
-        num_heads, NUM_KV_HEADS, head_size, scale, num_blocks=num_blocks, block_size=block_size
-    )
-    all_steps = steps(scenario, block_ids)
-    for index, (label, batch) in enumerate(all_steps):
+@dataclass
+class Case:
+    """One scenario on one layout: the platform's layer and the reference, fed the same
+    steps."""
+
+    backend: type[AttentionBackend]
+    dtype: torch.dtype
+    block_size: int
+    device: torch.device
+    layer: Attention
+    reference: ReferenceAttention
+    steps: list[tuple[str, list[Request]]]
+    num_blocks: int
+    scratch_block: int  # for the padding requests of a static layout
+    generator: torch.Generator
+    #: Head size, scale and heads, for failure messages.
+    description: str
+
+    @classmethod
+    def prepare(cls, scenario: str, head_size: int, group: int, scale_factor: float) -> Case:
+        platform = target.platform()
+        backend, dtype, block_size = select_backend(platform, head_size)
+        seed = zlib.crc32(f"{scenario}/{head_size}/{group}/{scale_factor}".encode())
+        generator = torch.Generator().manual_seed(seed)
+        num_heads = NUM_KV_HEADS * group
+        scale = scale_factor * head_size**-0.5
+        requests = SCENARIOS[scenario](block_size)
+        block_ids, num_blocks = shuffled_block_tables(requests, block_size, generator)
+        layer = Attention(
+            num_heads,
+            head_size,
+            scale,
+            NUM_KV_HEADS,
+            prefix=f"slotwise_conformance.attention.{next(_layer_names)}",
+            block_size=block_size,
+            dtype=dtype,
+            backend=backend,
+        )
+        device = torch.device(platform.device_type)
+        allocate_kv_caches(layer, num_blocks + 1, device=device, dtype=dtype)
+        reference = ReferenceAttention(
+            num_heads,
+            NUM_KV_HEADS,
+            head_size,
+            scale,
+            num_blocks=num_blocks + 1,
+            block_size=block_size,
+        )
+        return cls(
+            backend=backend,
+            dtype=dtype,
+            block_size=block_size,
+            device=device,
+            layer=layer,
+            reference=reference,
+            steps=scenario_steps(scenario, requests, block_ids),
+            num_blocks=num_blocks + 1,
+            scratch_block=num_blocks,
+            generator=generator,
+            description=(
+                f"head size {head_size}, scale {scale:.6g} ({scale_factor:g}/sqrt({head_size})), "
+                f"{num_heads} query heads over {NUM_KV_HEADS} key/value heads"
+            ),
+        )
+
+    def run_step(self, label: str, batch: list[Request], static_layout: str | None = None) -> None:
+        """Run one step through the platform's backend and check it against the reference;
+        ``static_layout`` ("general" or "uniform_decode") captures the step as a full
+        graph reads it and replays it on this step's data."""
         lengths = ([q for q, _, _ in batch], [c for _, c, _ in batch], [b for _, _, b in batch])
-        metadata = backend.get_builder_cls()(block_size, device).build(*lengths)
+        metadata = self.backend.get_builder_cls()(self.block_size, self.device).build(*lengths)
         num_tokens = metadata.num_actual_tokens
-        if static_layout is not None and index == len(all_steps) - 1:
-            label += f", on the static {static_layout} layout of a full graph"
-            padded = num_tokens + PADDING
-            static = StaticAttentionMetadata(padded, num_blocks, block_size, scratch_block, device)
-            metadata = getattr(static, static_layout)(padded, metadata)
-        q, k, v = (
-            torch.randn(num_tokens + PADDING, heads, head_size, generator=generator).to(dtype)
-            for heads in (num_heads, NUM_KV_HEADS, NUM_KV_HEADS)
+        q, k, v = self.random_qkv(num_tokens + PADDING)
+        if static_layout is None:
+            out = self.run_eagerly(label, metadata, q, k, v)
+        else:
+            label += f", replayed in a full graph on the static {static_layout} layout"
+            out = self.replay_in_full_graph(label, static_layout, metadata, q, k, v)
+        expected = self.reference.step(
+            q, k, v, AttentionMetadataBuilder(self.block_size).build(*lengths)
         )
-        try:
-            with set_forward_context(metadata):
-                out = layer(*(x.flatten(1).to(device) for x in (q, k, v)))
-        except Exception as exc:  # noqa: BLE001 - reported with the step that raised it
-            target.fail(
-                f"attention backend {backend.get_name()} raised {type(exc).__name__} on "
-                f"{label}: {exc}"
-            )
-        expected = reference.step(q, k, v, AttentionMetadataBuilder(block_size).build(*lengths))
-        got = out[:num_tokens].view(num_tokens, num_heads, head_size).double().cpu()
+        got = out[:num_tokens].view(expected.shape).double().cpu()
         what = f"{label} (query+context lengths {', '.join(f'{q}+{c}' for q, c, _ in batch)})"
-        compare(
-            got,
-            expected,
-            backend,
-            dtype,
-            f"{what}, head size {head_size}, {num_heads} query heads over {NUM_KV_HEADS} "
-            "key/value heads",
-        )
+        self.compare(got, expected, batch, f"{what}, {self.description}")
         if not bool(out[num_tokens:].isfinite().all()):
             target.fail(
-                f"attention backend {backend.get_name()} wrote non-finite values into the "
+                f"attention backend {self.backend.get_name()} wrote non-finite values into the "
                 f"padding rows of {label}; padding requests decode one token on a scratch "
                 "block and must give finite rows, or they spread NaN through later layers"
             )
 
+    def random_qkv(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k and v of a step, on the CPU in the case's dtype; every head distinct."""
+        layer = self.layer
+        q, k, v = (
+            torch.randn(num_tokens, heads, layer.head_size, generator=self.generator).to(self.dtype)
+            for heads in (layer.num_heads, layer.num_kv_heads, layer.num_kv_heads)
+        )
+        return q, k, v
 
-def steps(scenario: str, block_ids: list[list[int]]) -> list[tuple[str, list[Request]]]:
+    def run_eagerly(
+        self,
+        label: str,
+        metadata: AttentionMetadata,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> torch.Tensor:
+        try:
+            with set_forward_context(metadata):
+                return self.layer(*(x.flatten(1).to(self.device) for x in (q, k, v)))
+        except Exception as exc:  # noqa: BLE001 - reported with the step that raised it
+            target.fail(
+                f"attention backend {self.backend.get_name()} raised {type(exc).__name__} on "
+                f"{label}: {exc}"
+            )
+
+    def replay_in_full_graph(
+        self,
+        label: str,
+        static_layout: str,
+        metadata: AttentionMetadata,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> torch.Tensor:
+        """Capture the layer once on the static layout, as a runner does (padding requests
+        only, after a warm-up run), then copy this step into the captured q/k/v buffers and
+        metadata tensors and replay: the graph must compute the step without Python."""
+        name, support = self.backend.get_name(), self.backend.graph_support.name
+        padded = metadata.num_actual_tokens + PADDING
+        static = StaticAttentionMetadata(
+            padded, self.num_blocks, self.block_size, self.scratch_block, self.device
+        )
+        lay_out = getattr(static, static_layout)
+        buffers = [
+            torch.zeros(x.flatten(1).shape, dtype=x.dtype, device=self.device) for x in (q, k, v)
+        ]
+        graph = RecordedGraphAPI().new_graph()
+        try:
+            with set_forward_context(lay_out(padded, None)):
+                self.layer(*buffers)  # the warm-up run before a capture
+                out = graph.capture(lambda: self.layer(*buffers), None, quiet=True)
+        except StaticGraphError as exc:
+            target.fail(
+                f"attention backend {name} declares graph_support {support} but cannot be "
+                f"captured in a full graph on the static {static_layout} layout: {exc}"
+            )
+        except Exception as exc:  # noqa: BLE001 - reported with the capture that raised it
+            target.fail(
+                f"attention backend {name} raised {type(exc).__name__} on the warm-up or the "
+                f"capture of a full graph on the static {static_layout} layout (padding "
+                f"requests only, as a runner captures it): {exc}"
+            )
+        for buffer, value in zip(buffers, (q, k, v), strict=True):
+            buffer.copy_(value.flatten(1))
+        lay_out(padded, metadata)  # this step's metadata, into the tensors the graph reads
+        try:
+            graph.replay()
+        except Exception as exc:  # noqa: BLE001 - reported with the step that raised it
+            target.fail(f"attention backend {name} raised {type(exc).__name__} on {label}: {exc}")
+        return out
+
+    def compare(
+        self, got: torch.Tensor, expected: torch.Tensor, batch: list[Request], what: str
+    ) -> None:
+        """Fail with the worst element and the largest error when ``got`` is not close to
+        ``expected``."""
+        tolerance = TOLERANCE[self.dtype]
+        error = (got - expected).abs()
+        allowed = tolerance + tolerance * expected.abs()
+        if bool((error <= allowed).all()) and bool(torch.isfinite(got).all()):
+            return
+        excess = torch.nan_to_num(error - allowed, nan=float("inf"))
+        token, head, dim = (int(i) for i in torch.unravel_index(excess.argmax(), excess.shape))
+        got_value, expected_value = distinct_strings(
+            float(got[token, head, dim]), float(expected[token, head, dim])
+        )
+        group = self.layer.num_heads // self.layer.num_kv_heads
+        target.fail(
+            f"attention backend {self.backend.get_name()} ({self.dtype}) differs from the "
+            f"reference on {what}: max |error| {float(error.max()):.3g} (tolerance "
+            f"{tolerance:g} + {tolerance:g} x |expected|), worst at token {token} "
+            f"({locate(token, batch)}), head {head} (reads key/value head {head // group}), "
+            f"dim {dim}: got {got_value}, expected {expected_value}"
+        )
+
+
+def locate(token: int, batch: list[Request]) -> str:
+    """Which request of ``batch`` the step's ``token`` belongs to, and where in it."""
+    start = 0
+    for r, (query_len, context_len, _) in enumerate(batch):
+        if token < start + query_len:
+            index = token - start
+            return (
+                f"request {r}, query token {index} of {query_len}, at position "
+                f"{context_len + index} after {context_len} cached"
+            )
+        start += query_len
+    raise ValueError(f"token {token} is past the {start} tokens of the batch")
+
+
+def distinct_strings(got: float, expected: float) -> tuple[str, str]:
+    """Both values with 6 significant digits, or as many more as it takes to tell them
+    apart."""
+    for digits in range(6, 18):
+        got_text, expected_text = f"{got:.{digits}g}", f"{expected:.{digits}g}"
+        if got_text != expected_text:
+            break
+    return got_text, expected_text
+
+
+def scenario_steps(
+    scenario: str, requests: list[tuple[int, int]], block_ids: list[list[int]]
+) -> list[tuple[str, list[Request]]]:
     """The scenario's batch, preceded by a step writing the requests' cached context
     (a prefill of it; a 1-token context is a decode, ordered first)."""
-    requests = [(q, c, b) for (q, c), b in zip(SCENARIOS[scenario], block_ids, strict=True)]
-    context = sorted(((c, 0, b) for _, c, b in requests if c), key=lambda r: r[0] != 1)
+    batch = [(q, c, b) for (q, c), b in zip(requests, block_ids, strict=True)]
+    context = sorted(((c, 0, b) for _, c, b in batch if c), key=lambda r: r[0] != 1)
     batches = [("the step writing the cached context", context)] if context else []
-    return [*batches, (f"the {scenario} batch", requests)]
+    return [*batches, (f"the {scenario} batch", batch)]
 
 
 def select_backend(
@@ -180,30 +373,3 @@ def shuffled_block_tables(
     order = torch.randperm(num_blocks, generator=generator).tolist()
     starts = itertools.accumulate(needed, initial=0)
     return [order[start : start + n] for start, n in zip(starts, needed, strict=False)], num_blocks
-
-
-def compare(
-    got: torch.Tensor,
-    expected: torch.Tensor,
-    backend: type[AttentionBackend],
-    dtype: torch.dtype,
-    what: str,
-) -> None:
-    """Fail with the worst token and its error when ``got`` is not close to ``expected``."""
-    tolerance = TOLERANCE[dtype]
-    error = (got - expected).abs()
-    allowed = tolerance + tolerance * expected.abs()
-    if bool((error <= allowed).all()) and bool(torch.isfinite(got).all()):
-        return
-    worst = int(torch.nan_to_num(error - allowed, nan=float("inf")).amax(dim=(1, 2)).argmax())
-    target.fail(
-        f"attention backend {backend.get_name()} ({dtype}) differs from the reference on "
-        f"{what}: max |error| {float(error.max()):.3g} (tolerance {tolerance:g} + "
-        f"{tolerance:g} x |expected|), worst at token {worst}: got "
-        f"{_head(got[worst])} ..., expected {_head(expected[worst])} ..."
-    )
-
-
-def _head(token: torch.Tensor) -> str:
-    """The first values of a token's first head, short enough for a failure message."""
-    return "[" + ", ".join(f"{value:.4f}" for value in token[0, :4].tolist()) + "]"
