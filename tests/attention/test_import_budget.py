@@ -9,15 +9,30 @@ from slotwise.plugins import get_plugin_manager
 
 assert slotwise.current_platform.name == "cpu"
 
+from slotwise.platforms.resolution import declared_platforms
+
 class Recorder:
-    def __init__(self):
+    # The registry's interface, recording instead of importing the backend classes.
+
+    def __init__(self, own_platforms=()):
+        self.own_platforms = own_platforms
         self.seen = []
 
     def register(self, platform, backend, priority=0):
         self.seen.append((platform, backend))
 
-recorder = Recorder()
-get_plugin_manager().call_each("slotwise_register_attention_backends", registry=recorder)
+    def register_own(self, backend, priority=0):
+        self.register(*self.own_platforms, backend, priority)
+
+    def registrations(self):
+        return self.seen
+
+    def merge(self, other, source):
+        self.seen += other.seen
+
+recorder = get_plugin_manager().register_all(
+    "slotwise_register_attention_backends", Recorder, declared_platforms()
+)
 print(sorted(recorder.seen))
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
 """

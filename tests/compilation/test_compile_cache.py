@@ -569,3 +569,25 @@ def test_a_truncated_inductor_entry_is_recompiled(tmp_path, caplog):
         torch.testing.assert_close(
             reloaded.compile(graph, [X, W], runtime_shape=None)(X, W), layer_3(X, W)
         )
+
+
+@pytest.mark.parametrize("damage", ["writable by others", "truncated"])
+def test_an_unusable_named_entry_is_refused_in_one_warning(tmp_path, caplog, damage):
+    make_cache(tmp_path).write_named("dynamo-trace-x", b"payload" * 10)
+    cache = make_cache(tmp_path)
+    entry = Path(cache.directory) / "dynamo-trace-x.bin"
+    assert cache.read_named("dynamo-trace-x") == b"payload" * 10
+    if damage == "writable by others":
+        entry.chmod(0o666)
+    else:
+        entry.write_bytes(entry.read_bytes()[:-3])
+    with caplog.at_level(logging.WARNING, logger="slotwise"):
+        assert cache.read_named("dynamo-trace-x") is None
+    (warning,) = slotwise_records(caplog)
+    message = warning.getMessage()
+    assert str(entry) in message and "rebuilt" in message
+    if damage == "writable by others":
+        assert f"not trusted: {entry} is writable by group or others" in message
+        assert "corrupt" not in message
+    else:
+        assert "corrupt or truncated" in message

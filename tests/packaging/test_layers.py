@@ -17,7 +17,7 @@ PLUGINS = sorted((ROOT / "plugins").glob("*/slotwise_*"))
 #: Lowest first. A module belongs to the longest prefix listed.
 LAYERS: list[tuple[str, ...]] = [
     ("slotwise.errors", "slotwise.envs", "slotwise.version", "slotwise.api_versioning",
-     "slotwise.import_path", "slotwise.stats"),
+     "slotwise.import_path", "slotwise.stats", "slotwise.cache_permissions"),
     ("slotwise.plugins",),
     ("slotwise.platforms",),
     ("slotwise.compilation.config", "slotwise.compilation.context", "slotwise.forward_context"),

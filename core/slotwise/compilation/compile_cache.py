@@ -7,12 +7,11 @@ The directory is named by a hash of everything that changes compiled code, so ca
 different models, configs or torch versions never see each other's entries. A damaged or
 unreadable entry is recompiled and overwritten; it never yields a wrong result. Entries
 are code: a cache folder or entry that another user could have written is not used at all
-(see :mod:`slotwise.compilation.cache_permissions`).
+(see :mod:`slotwise.cache_permissions`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -24,10 +23,11 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from slotwise.compilation.cache_permissions import (
+from slotwise.cache_permissions import (
     make_private_directories,
     read_trusted_file,
     untrusted_directory,
+    write_atomically,
 )
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.compilers import Compiler
@@ -106,6 +106,42 @@ class CompileCache:
         self._compiled[key] = fn
         return fn
 
+    @property
+    def persistent(self) -> bool:
+        """Whether this cache reads and writes disk (enabled, and the compiler can save)."""
+        return self._read_disk
+
+    def read_named(self, name: str) -> bytes | None:
+        """The payload of the whole-graph entry ``name`` (the saved Dynamo trace), or None
+        when there is none or it may not be used: the folder or the entry is not trusted,
+        or the entry cannot be read or is damaged (each said in one warning)."""
+        path = os.path.join(self.directory, f"{name}.bin")
+        if not (self._read_disk and os.path.isfile(path) and self._directory_trusted()):
+            return None
+        try:
+            payload = _unwrap_entry(read_trusted_file(path), name)
+        except OSError as err:
+            logger.warning(
+                "compile cache entry %s could not be read (%s); it is rebuilt", path, err
+            )
+            return None
+        if payload is None:
+            logger.warning("compile cache entry %s is corrupt or truncated; it is rebuilt", path)
+        return payload
+
+    def write_named(self, name: str, payload: bytes) -> None:
+        """Write the whole-graph entry ``name``; a failure only costs later processes."""
+        if not (self._write_disk and self._directory_trusted()):
+            return
+        path = os.path.join(self.directory, f"{name}.bin")
+        try:
+            self._prepare_directory()
+            write_atomically(path, _wrap_entry(payload, name))
+        except OSError as err:
+            logger.warning("compile cache entry %s could not be written (%s)", path, err)
+            return
+        logger.debug("compile cache: saved %s", path)
+
     def _entry_path(self, key: str, runtime_shape: int | None) -> str:
         shape = "general" if runtime_shape is None else f"size{runtime_shape}"
         return os.path.join(self.directory, f"{shape}-{key[:32]}.bin")
@@ -121,7 +157,7 @@ class CompileCache:
         if not os.path.isfile(path):
             return None
         try:
-            payload = _unwrap(read_trusted_file(path), key)
+            payload = _unwrap_entry(read_trusted_file(path), key)
             if payload is None:
                 logger.warning(
                     "compile cache entry %s is corrupt or truncated; recompiling and "
@@ -164,7 +200,7 @@ class CompileCache:
             return
         try:
             self._prepare_directory()
-            _write_atomically(path, _wrap(payload, key))
+            write_atomically(path, _wrap_entry(payload, key))
         except OSError as err:
             self._write_disk = False
             logger.warning(
@@ -202,33 +238,19 @@ class CompileCache:
         if reason is not None:
             raise PermissionError(f"not trusted: {reason}")
         factors = json.dumps(self.factors, indent=2, sort_keys=True) + "\n"
-        _write_atomically(os.path.join(self.directory, FACTORS_FILE), factors.encode("utf-8"))
+        write_atomically(os.path.join(self.directory, FACTORS_FILE), factors.encode("utf-8"))
         self._directory_ready = True
 
 
-def _wrap(payload: bytes, key: str) -> bytes:
+def _wrap_entry(payload: bytes, key: str) -> bytes:
     return _MAGIC + key.encode("ascii") + b"\n" + hashlib.sha256(payload).digest() + payload
 
 
-def _unwrap(blob: bytes, key: str) -> bytes | None:
-    """The payload of an entry written by :func:`_wrap` for ``key``, or None if it is not one."""
+def _unwrap_entry(blob: bytes, key: str) -> bytes | None:
+    """The payload of an entry that :func:`_wrap_entry` wrote for ``key``, or None."""
     header = _MAGIC + key.encode("ascii") + b"\n"
     if not blob.startswith(header):
         return None
     digest = blob[len(header) : len(header) + _DIGEST_SIZE]
     payload = blob[len(header) + _DIGEST_SIZE :]
     return payload if hashlib.sha256(payload).digest() == digest else None
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    """Write through a temporary file and a rename, so a crash never leaves half a file."""
-    directory, name = os.path.split(path)
-    descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "wb") as file:
-            file.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise

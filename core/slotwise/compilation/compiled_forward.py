@@ -18,6 +18,7 @@ from slotwise.compilation.compile_lock import compile_lock
 from slotwise.compilation.config import CompilationConfig, CompilationLevel
 from slotwise.compilation.dynamo_backends import TraceOnceBackend, as_is_backend
 from slotwise.compilation.platform_defaults import apply_platform_defaults
+from slotwise.compilation.warm_start import WarmStartStore, warm_start_enabled
 from slotwise.errors import SlotwiseError
 from slotwise.platforms import Platform, get_current_platform
 
@@ -27,6 +28,19 @@ logger = logging.getLogger("slotwise")
 def drop_all_guards(guards: list[Any]) -> list[bool]:
     """Keep no Dynamo guard: the one trace serves every later call (levels 2 and 3)."""
     return [False] * len(guards)
+
+
+def _guard_filter(warm_start: WarmStartStore | None) -> Callable[[list[Any]], list[bool]]:
+    """:func:`drop_all_guards`, after handing the guards to the warm-start store: they are
+    what a later process must check before it reuses this trace."""
+    if warm_start is None:
+        return drop_all_guards
+
+    def record_and_drop(guards: list[Any]) -> list[bool]:
+        warm_start.record_guards(guards)
+        return drop_all_guards(guards)
+
+    return record_and_drop
 
 
 def prepare_config(config: CompilationConfig, platform: Platform) -> CompilationConfig:
@@ -105,11 +119,7 @@ class CompiledForward:
         self.signature = inspect.signature(forward)
         self.compiled: Callable[..., Any] | None = None
 
-    def _compile(self) -> Callable[..., Any]:
-        counters.bump("num_models_seen")
-        bound = types.MethodType(_fresh_function(self.forward), self.module)
-        if self.config.level == CompilationLevel.DYNAMO_AS_IS:
-            return torch.compile(bound, backend=as_is_backend(self.config))
+    def _backend(self) -> TraceOnceBackend:
         cls = type(self.module)
         backend = TraceOnceBackend(
             self.config,
@@ -121,12 +131,24 @@ class CompiledForward:
             },
             piecewise=self.config.level == CompilationLevel.PIECEWISE,
         )
+        if warm_start_enabled():
+            cache = backend.first_cache()
+            if cache.persistent:
+                backend.warm_start = WarmStartStore(
+                    cache, self.module, self.forward, self.dynamic_arg_dims
+                )
+        return backend
+
+    def _compile(self, backend: TraceOnceBackend | None) -> Callable[..., Any]:
+        bound = types.MethodType(_fresh_function(self.forward), self.module)
+        if backend is None:
+            return torch.compile(bound, backend=as_is_backend(self.config))
         return torch.compile(
             bound,
             fullgraph=True,
             dynamic=False,
             backend=backend,
-            options={"guard_filter_fn": drop_all_guards},
+            options={"guard_filter_fn": _guard_filter(backend.warm_start)},
         )
 
     def _mark_dynamic(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -151,8 +173,19 @@ class CompiledForward:
             return self._first_call(args, kwargs)
 
     def _first_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        compiled = self._compile()
+        counters.bump("num_models_seen")
+        backend = None
         if self.config.level >= CompilationLevel.DYNAMO_ONCE:
+            backend = self._backend()
+            if backend.warm_start is not None:
+                loaded = backend.warm_start.load(args, kwargs, backend.build)
+                if loaded is not None:
+                    result = loaded(*args, **kwargs)
+                    self.compiled = loaded
+                    return result
+                backend = self._backend()  # untouched by a load that failed half-way
+        compiled = self._compile(backend)
+        if backend is not None:
             self._mark_dynamic(args, kwargs)
         # Kept only once a call through it succeeded: a first call that fails (bad input,
         # an empty batch) leaves nothing half-compiled behind, and the next call traces.
@@ -169,6 +202,8 @@ class CompiledForward:
                 "dynamic_arg_dims, or compile at level 1, which re-traces per size. "
                 f"Dynamo: {_user_location(err)}"
             ) from err
+        if backend is not None and backend.warm_start is not None:
+            backend.warm_start.save(result)
         self.compiled = compiled
         return result
 

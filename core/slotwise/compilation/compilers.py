@@ -25,6 +25,7 @@ from torch.utils import _pytree as pytree
 
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.config import CompilationConfig, ConfigError
+from slotwise.compilation.isa_probe_cache import install_isa_probe_cache
 from slotwise.compilation.traced_inputs import traced_inputs
 from slotwise.import_path import resolve_import_path
 
@@ -118,6 +119,8 @@ class InductorCompiler(Compiler):
                 f"torch._inductor.standalone_compile, which torch {torch.__version__} lacks; "
                 f"upgrade torch (2.8 or newer has it) or use backend 'eager'"
             )
+        if config.cache_enabled:
+            install_isa_probe_cache(config.resolved_cache_dir)
         self.options: dict[str, Any] = dict(config.inductor_config)
         try:
             with torch._inductor.config.patch(self.options):

@@ -29,6 +29,7 @@ from slotwise.compilation.static_graph_wrapper import (
     piecewise_backend_cls,
 )
 from slotwise.compilation.traced_inputs import traced_inputs
+from slotwise.compilation.warm_start import WarmStartStore
 from slotwise.platforms import Platform
 
 DynamoBackend = Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]
@@ -68,8 +69,10 @@ class TraceOnceBackend:
         *,
         cache_factors: dict[str, str],
         piecewise: bool,
+        warm_start: WarmStartStore | None = None,
     ) -> None:
         self.config = config
+        self.warm_start = warm_start
         self.platform = platform
         self.cache_factors = cache_factors
         self.partition = piecewise and config.use_inductor_graph_partition
@@ -91,6 +94,18 @@ class TraceOnceBackend:
 
     def __call__(self, graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         counters.bump("num_graphs_seen")
+        if self.warm_start is not None:
+            self.warm_start.capture(graph)
+        compiled = self.build(graph, example_inputs)
+        return compiled if self.warm_start is None else self.warm_start.probe_outputs(compiled)
+
+    def first_cache(self) -> CompileCache:
+        """The compile cache the model's first (at levels 2 and 3: only) graph will use."""
+        factors = dict(self.cache_factors, graph_index="0")
+        return CompileCache(self.config, self.compiler, factors=factors)
+
+    def build(self, graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        """The runnable model for one Dynamo graph, or one loaded from a warm-start entry."""
         cache = self._new_cache()
         if self.split:
             compiled = self._split(graph, example_inputs, cache)

@@ -1,13 +1,15 @@
-"""Whose compile cache is it: the checks that keep another local user's code out of it.
+"""Whose cache is it: the checks that keep another local user's code out of slotwise's caches.
 
-A cache entry is code (a pickled compiled artifact). Its checksum proves the file is
-whole, not who wrote it, so slotwise trusts a cache folder or entry only when the
-current user (or root) owns it and neither group nor others may write to it, as ssh and
-pip do; folders it creates itself are private (0700).
+A cache entry is code (a pickled compiled artifact, a list of plugin entry points). Its
+checksum proves the file is whole, not who wrote it, so slotwise trusts a cache folder or
+entry only when the current user (or root) owns it and neither group nor others may write
+to it, as ssh and pip do; folders it creates itself are private (0700), and entries are
+written whole (``write_atomically``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 
@@ -74,3 +76,20 @@ def read_trusted_file(path: str) -> bytes:
         if reason is not None:
             raise PermissionError(f"not trusted: {reason}")
         return file.read()
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """Write through a private temporary file and a rename: readers never see half a file,
+    and a crash leaves the old file or none."""
+    import tempfile  # only when (re)writing, never on a cache's fast path
+
+    folder, name = os.path.split(path)
+    descriptor, temporary = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
