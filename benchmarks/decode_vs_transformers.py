@@ -5,7 +5,8 @@ faster than transformers does.  The script saves a random Llama checkpoint at ru
 time with transformers (default: hidden 512, 8 layers, 8 query and 4 key/value
 heads, vocabulary 8192, float32: the shape of the ``small`` preset) and times, in
 one process, one decode step (one new token for each of ``batch`` requests whose
-prompts are already cached) of four variants:
+prompts are already cached) of four variants, each in every dtype of ``--dtypes``
+(default float32 and bfloat16, the checkpoint's weights cast on loading):
 
 * ``transformers eager``: ``AutoModelForCausalLM`` with its dynamic cache (the cache
   is cropped back by one token between steps, untimed);
@@ -15,11 +16,11 @@ prompts are already cached) of four variants:
 * ``slotwise level3``: the same at level 3 (piecewise, Inductor).
 
 Each step goes through the public entry point (``model(...)``, ``runner.step(...)``),
-so slotwise's attention metadata and transformers' masks are both paid.  Variants are
-interleaved step by step.  "setup s" is the prefill and the first step of each row,
-where the compiled variants compile (untimed), and that step's logits are compared with
-transformers eager's.  Target: slotwise
-level 3 at least 2x transformers' fastest variant at batch 1.
+so slotwise's attention metadata and transformers' masks are both paid.  Variants (of
+all dtypes) are interleaved step by step.  "setup s" is the prefill and the first step
+of each row, where the compiled variants compile (untimed), and that step's logits are
+compared with transformers eager's in float32.  Target: slotwise level 3 at least 2x
+transformers' fastest variant in the same dtype at batch 1.
 
 Results go to ``<out-dir>/decode_vs_transformers.json`` and ``.md``.
 """
@@ -83,11 +84,11 @@ def back_to_prompt(cache: Any) -> None:
         cache.crop(-1)
 
 
-def transformers_eager(folder: Path) -> Callable[[Any], Step]:
+def transformers_eager(folder: Path, dtype: Any) -> Callable[[Any], Step]:
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
 
     def prepare(prompts: Any) -> Step:
         cache = transformers.DynamicCache(config=model.config)
@@ -104,11 +105,11 @@ def transformers_eager(folder: Path) -> Callable[[Any], Step]:
     return prepare
 
 
-def transformers_compiled(folder: Path) -> Callable[[Any], Step]:
+def transformers_compiled(folder: Path, dtype: Any) -> Callable[[Any], Step]:
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
     compiled = torch.compile(model.forward, fullgraph=True)
 
     def prepare(prompts: Any) -> Step:
@@ -139,11 +140,11 @@ def transformers_compiled(folder: Path) -> Callable[[Any], Step]:
     return prepare
 
 
-def slotwise_runner(folder: Path, level: int) -> Callable[[Any], Step]:
+def slotwise_runner(folder: Path, level: int, dtype: Any) -> Callable[[Any], Step]:
     from slotwise.models import load_model
     from slotwise.runner.model_runner import ModelRunner
 
-    model = load_model(folder, compilation_config={"level": level})
+    model = load_model(folder, dtype=dtype, compilation_config={"level": level})
     runner = ModelRunner(model, num_blocks=64)
 
     def prepare(prompts: Any) -> Step:
@@ -162,24 +163,29 @@ def slotwise_runner(folder: Path, level: int) -> Callable[[Any], Step]:
 
 
 def variants(
-    folder: Path, skip: set[str]
+    folder: Path, dtypes: list[str], skip: set[str]
 ) -> tuple[dict[str, Callable[[Any], Step]], dict[str, str]]:
-    """The variants that could be built, and why the others could not."""
+    """The variants that could be built, named "<variant>, <dtype>", and why the others
+    could not."""
+    import torch
+
     builders = {
-        "transformers eager": lambda: transformers_eager(folder),
-        "transformers compile+static": lambda: transformers_compiled(folder),
-        "slotwise eager": lambda: slotwise_runner(folder, 0),
-        "slotwise level3": lambda: slotwise_runner(folder, 3),
+        "transformers eager": lambda dtype: transformers_eager(folder, dtype),
+        "transformers compile+static": lambda dtype: transformers_compiled(folder, dtype),
+        "slotwise eager": lambda dtype: slotwise_runner(folder, 0, dtype),
+        "slotwise level3": lambda dtype: slotwise_runner(folder, 3, dtype),
     }
     built, failed = {}, {}
-    for name, build in builders.items():
-        if name in skip:
-            failed[name] = "skipped (--skip)"
-            continue
-        try:
-            built[name] = build()
-        except Exception as exc:  # noqa: BLE001 - recorded in the report, not hidden
-            failed[name] = f"{type(exc).__name__}: {exc}"
+    for dtype in dtypes:
+        for name, build in builders.items():
+            key = f"{name}, {dtype}"
+            if name in skip:
+                failed[key] = "skipped (--skip)"
+                continue
+            try:
+                built[key] = build(getattr(torch, dtype))
+            except Exception as exc:  # noqa: BLE001 - recorded in the report, not hidden
+                failed[key] = f"{type(exc).__name__}: {exc}"
     return built, failed
 
 
@@ -217,7 +223,7 @@ def measure(
             step()
             if round_index >= args.warmups:
                 samples[name].append(time.perf_counter() - start)
-    reference = logits.get("transformers eager")
+    reference = logits.get("transformers eager, float32")
     for name, times in samples.items():
         p50 = statistics.median(times)
         rows[name].update(
@@ -232,26 +238,34 @@ def measure(
 
 
 def build_report(args: argparse.Namespace) -> dict[str, Any]:
+    import os
+
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="slotwise-vs-hf-") as tmp:
         folder = Path(tmp)
         LOG.info("writing the checkpoint")
         write_checkpoint(folder, args)
-        prepares, failed = variants(folder, set(args.skip))
+        prepares, failed = variants(folder, args.dtypes, set(args.skip))
         results = {batch: measure(prepares, failed, batch, args) for batch in args.batch_sizes}
-    ratios = {}
+    ratios: dict[str, dict[str, float]] = {}
     for batch, rows in results.items():
-        theirs = [rows[n]["p50_ms"] for n in rows if n.startswith("transformers")]
-        if "slotwise level3" in rows and theirs:
-            ratios[batch] = round(min(theirs) / rows["slotwise level3"]["p50_ms"], 3)
-    first = args.batch_sizes[0]
+        for dtype in args.dtypes:
+            theirs = [
+                rows[n]["p50_ms"] for n in rows if n.startswith("transformers") and dtype in n
+            ]
+            ours = rows.get(f"slotwise level3, {dtype}")
+            if ours and theirs:
+                ratios.setdefault(dtype, {})[str(batch)] = round(min(theirs) / ours["p50_ms"], 3)
+    first = str(args.batch_sizes[0])
     return {
         **environment(),
         "transformers_version": package_version("transformers"),
         "torch_threads": torch.get_num_threads(),
+        "load_average": [load_before, os.getloadavg()[0]],
         "checkpoint": {
             "hidden_size": args.hidden_size,
             "intermediate_size": args.intermediate_size,
@@ -260,46 +274,57 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
             "dtype": "float32",
             "prompt_len": PROMPT_LEN,
         },
+        "dtypes": args.dtypes,
         "iterations": args.iterations,
         "results": {str(batch): rows for batch, rows in results.items()},
         "failed": failed,
-        "level3_vs_fastest_transformers": {str(b): r for b, r in ratios.items()},
+        "level3_vs_fastest_transformers": ratios,
         "target_ratio": TARGET_RATIO,
-        "meets_target": ratios.get(first, 0.0) >= TARGET_RATIO,
+        "meets_target": {
+            dtype: by_batch.get(first, 0.0) >= TARGET_RATIO for dtype, by_batch in ratios.items()
+        },
         "timestamp": utc_timestamp(),
     }
 
 
 def render_markdown(report: dict[str, Any]) -> str:
     checkpoint = report["checkpoint"]
+    load = report["load_average"]
     lines = [
         f"Checkpoint: random Llama, hidden {checkpoint['hidden_size']}, {checkpoint['layers']} "
-        f"layers, vocabulary {checkpoint['vocab_size']}, float32, {checkpoint['prompt_len']}-token "
-        f"prompts; {report['iterations']} steps per row, {report['torch_threads']} threads, "
-        f"transformers {report['transformers_version']}, torch {report['torch_version']}.",
+        f"layers, vocabulary {checkpoint['vocab_size']}, saved in float32 and run in "
+        f"{' and '.join(report['dtypes'])}, {checkpoint['prompt_len']}-token prompts; "
+        f"{report['iterations']} steps per row, {report['torch_threads']} threads, load "
+        f"average {load[0]:.1f} to {load[1]:.1f}, transformers "
+        f"{report['transformers_version']}, torch {report['torch_version']}.",
         "",
-        "| variant | batch | p50 ms | p90 ms | tokens/s | setup s | max \\|dlogit\\| |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| variant | dtype | batch | p50 ms | p90 ms | tokens/s | setup s "
+        "| max \\|dlogit\\| vs float32 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for batch, rows in report["results"].items():
-        for name, r in rows.items():
+        for key, r in rows.items():
+            name, dtype = key.rsplit(", ", 1)
             diff = "-" if r["max_abs_logit_diff"] is None else f"{r['max_abs_logit_diff']:.1e}"
             lines.append(
-                f"| {name} | {batch} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} "
+                f"| {name} | {dtype} | {batch} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} "
                 f"| {r['tokens_per_second']:.0f} | {r['setup_s']:.1f} | {diff} |"
             )
     lines.append("")
     for name, reason in report["failed"].items():
         lines.append(f"- {name}: not measured: {reason}")
-    for batch, ratio in report["level3_vs_fastest_transformers"].items():
+    for dtype, by_batch in report["level3_vs_fastest_transformers"].items():
+        for batch, ratio in by_batch.items():
+            lines.append(
+                f"- slotwise level3 vs the fastest transformers variant, {dtype}, batch "
+                f"{batch}: {ratio:.2f}x"
+            )
+    lines.append("")
+    for dtype, met in report["meets_target"].items():
         lines.append(
-            f"- slotwise level3 vs fastest transformers variant, batch {batch}: {ratio:.2f}x"
+            f"Target: slotwise level3 >= {report['target_ratio']}x the fastest transformers "
+            f"variant at batch 1, {dtype}: **{verdict(met)}**"
         )
-    lines += [
-        "",
-        f"Target: slotwise level3 >= {report['target_ratio']}x the fastest transformers "
-        f"variant at batch 1: **{verdict(report['meets_target'])}**",
-    ]
     return "\n".join(lines) + "\n"
 
 
@@ -318,12 +343,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
     )
     parser.add_argument(
+        "--dtypes",
+        type=lambda text: text.split(","),
+        default=["float32", "bfloat16"],
+        help="comma-separated dtypes to run the checkpoint in: float32, bfloat16, float16",
+    )
+    parser.add_argument(
         "--skip", action="append", default=[], metavar="VARIANT", help="a variant not to run"
     )
     add_output_args(parser)
     args = parser.parse_args(argv)
     if args.iterations < 1 or args.warmups < 0 or min(args.batch_sizes) < 1:
         parser.error("--iterations and --batch-sizes must be at least 1, --warmups at least 0")
+    unknown = set(args.dtypes) - {"float32", "bfloat16", "float16"}
+    if unknown:
+        parser.error(f"--dtypes: unknown {sorted(unknown)}; use float32, bfloat16, float16")
     if args.hidden_size % 128:
         parser.error("--hidden-size must be a multiple of 128 (64-wide heads, 2 per KV head)")
     return args

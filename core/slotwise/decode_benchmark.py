@@ -3,13 +3,19 @@
 Every variant builds the same seeded model (a preset, or the checkpoint folder
 passed where a preset's name goes), prefills the same prompts and then
 times one decode step (one new token for each of ``batch`` requests) many times.
-Ratios are taken within one run, on one machine, with variants interleaved per
-batch size so that noise from a shared machine hits them alike.
+Ratios are taken within one run, on one machine, with variants (and dtypes)
+interleaved per batch size so that noise from a shared machine hits them alike.
+
+Each measurement is also set against the memory roofline: a decode step must read
+every weight and each request's cached keys and values once, so it can take no less
+than those bytes over the machine's read bandwidth, which a short probe measures
+before the timed steps, with the run's thread count.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -19,6 +25,7 @@ from typing import Any
 
 import torch
 
+from slotwise.attention.layer import Attention
 from slotwise.attention.selector import select_attention_backend
 from slotwise.compilation.config import CompilationConfig, GraphMode
 from slotwise.compilation.graph_modes import supported_graph_modes
@@ -47,6 +54,13 @@ GRAPH_VARIANTS = {
     "level3+graphs": GraphMode.PIECEWISE,
     "level3+full_graphs": GraphMode.FULL_AND_PIECEWISE,
 }
+#: The bandwidth probe reads a buffer as large as the largest step of the run, and at
+#: least PROBE_MIN_BYTES, more than the last-level cache of the CPUs slotwise runs on: the
+#: roofline is memory's, so a step whose bytes stay in a cache can beat it (a fraction
+#: above 1 says so).  Above PROBE_MAX_BYTES a probe would only cost memory and time.
+PROBE_MIN_BYTES = 256 * 2**20
+PROBE_MAX_BYTES = 2**30
+PROBE_REPEATS = 20
 
 
 @dataclass
@@ -55,6 +69,7 @@ class VariantSetup:
     runner: ModelRunner
     compile_seconds: float
     capture_seconds: float
+    dtype: torch.dtype = torch.float32
 
 
 @dataclass
@@ -65,9 +80,28 @@ class Measurement:
     p90_ms: float
     tokens_per_second: float
     speedup_vs_eager: float | None
+    #: Against eager in the same dtype: what compilation changes.
     max_abs_logit_diff: float | None
     compile_seconds: float
     capture_seconds: float
+    dtype: str = "float32"
+    #: Against eager in float32: what the dtype costs in precision.
+    max_abs_logit_diff_vs_float32: float | None = None
+    #: Weights plus keys and values one step reads (see ``bytes_per_step``).
+    bytes_per_step: int = 0
+    #: ``bytes_per_step`` over the probed read bandwidth: the fastest the step can be.
+    roofline_ms: float = 0.0
+    #: ``roofline_ms / p50_ms``: 1.0 would be a step at the memory roofline.
+    roofline_fraction: float = 0.0
+
+
+@dataclass
+class ReadBandwidth:
+    """What the probe measured: the median rate of reading ``probe_bytes`` once."""
+
+    bytes_per_second: float
+    probe_bytes: int
+    threads: int
 
 
 @dataclass
@@ -78,8 +112,13 @@ class BenchmarkResult:
     config: dict[str, Any]
     prompt_len: int
     iterations: int
+    #: The dtypes measured, comma-separated in the order given.
     dtype: str
     measurements: list[Measurement] = field(default_factory=list)
+    read_bandwidth: ReadBandwidth | None = None
+    #: The 1-minute load average before and after the run (None where the OS has none):
+    #: other processes on the machine slow single steps down.
+    load_average: list[float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -176,7 +215,7 @@ def setup_variant(
     runner.free(_prefill(runner, 1, prompt_len))  # the first call traces and compiles
     compile_seconds = time.perf_counter() - start
     reports = runner.capture(progress=progress)
-    return VariantSetup(name, runner, compile_seconds, sum(r.seconds for r in reports))
+    return VariantSetup(name, runner, compile_seconds, sum(r.seconds for r in reports), dtype)
 
 
 def _prompts(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
@@ -228,6 +267,67 @@ class DecodeStep:
         self()
         return time.perf_counter() - start
 
+    @property
+    def bytes_read(self) -> int:
+        return bytes_per_step(self.runner.model, [len(r.tokens) for r in self.requests])
+
+
+def bytes_per_step(model: LlamaForCausalLM, seq_lens: Sequence[int]) -> int:
+    """The bytes a decode step of requests holding ``seq_lens`` tokens (the new one
+    included) must read: every weight once, except that of the embedding table only
+    the rows of the step's tokens are read (all of it when the LM head shares it), and
+    each request's keys and values in every attention layer.
+
+    This is the least a step reads, whatever its kernels do; activations are left out
+    (kilobytes at decode sizes).  Under tensor parallelism it is this rank's share.
+    """
+    embedding = model.model.embed_tokens.weight
+    unique = {id(p): p for p in model.parameters()}
+    weights = sum(p.numel() * p.element_size() for p in unique.values())
+    if model.lm_head.weight is not embedding:
+        weights -= embedding.numel() * embedding.element_size()
+        weights += len(seq_lens) * embedding.shape[1] * embedding.element_size()
+    tokens = sum(seq_lens)
+    kv = 0
+    for layer in model.modules():
+        if isinstance(layer, Attention) and layer.kv_cache is not None:
+            per_token = 2 * layer.num_kv_heads * layer.head_size * layer.kv_cache.element_size()
+            kv += tokens * per_token
+    return weights + kv
+
+
+def measure_read_bandwidth(
+    nbytes: int, *, device: torch.device | str, repeats: int = PROBE_REPEATS
+) -> ReadBandwidth:
+    """The median rate at which ``device`` reads ``nbytes`` (clamped to the probe's
+    bounds) from memory with torch's current thread count: a float32 sum over a buffer,
+    a reduction that memory, not arithmetic, limits on CPUs and GPUs alike."""
+    nbytes = max(PROBE_MIN_BYTES, min(PROBE_MAX_BYTES, nbytes))
+    platform = get_current_platform()
+    buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    for _ in range(2):  # first touches and kernel selection stay out of the timing
+        buffer.sum()
+    platform.synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        buffer.sum()
+        platform.synchronize()
+        times.append(time.perf_counter() - start)
+    rate = buffer.numel() * 4 / statistics.median(times)
+    return ReadBandwidth(bytes_per_second=rate, probe_bytes=nbytes, threads=torch.get_num_threads())
+
+
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):  # not every OS keeps one
+        return None
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
 
 def run_benchmark(
     preset: str,
@@ -239,9 +339,15 @@ def run_benchmark(
     iterations: int = 30,
     warmups: int = 5,
     progress: bool = True,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | Sequence[torch.dtype] = torch.float32,
 ) -> BenchmarkResult:
-    names = variants_for_platform(variants, preset, dtype)
+    """Measure every variant in every dtype of ``dtype`` (one, or several compared
+    within the run) at each batch size; the steps of all of them are interleaved."""
+    dtypes = [dtype] if isinstance(dtype, torch.dtype) else list(dict.fromkeys(dtype))
+    # A default variant that some dtype cannot run (a graph mode its attention backend
+    # lacks) is left out for all, so every dtype measures the same variants.
+    per_dtype = [variants_for_platform(variants, preset, each) for each in dtypes]
+    names = [name for name in per_dtype[0] if all(name in other for other in per_dtype)]
     if "eager" not in names:
         names.insert(0, "eager")  # the reference for speedups and logit differences
     platform = get_current_platform()
@@ -252,44 +358,86 @@ def run_benchmark(
         config=base.to_dict(),
         prompt_len=prompt_len,
         iterations=iterations,
-        dtype=str(dtype).removeprefix("torch."),
+        dtype=",".join(_dtype_name(each) for each in dtypes),
     )
+    start_load = _load_average()
     setups = []
-    for name in names:
-        logger.info("setting up %s (building, compiling, capturing)", name)
-        setups.append(
-            setup_variant(
-                name, preset, base, batch_sizes, prompt_len, progress=progress, dtype=dtype
+    for each in dtypes:
+        for name in names:
+            logger.info("setting up %s in %s (building, compiling, capturing)", name, each)
+            setups.append(
+                setup_variant(
+                    name, preset, base, batch_sizes, prompt_len, progress=progress, dtype=each
+                )
             )
+    # The float32 reference of the logits; built only when no float32 variant runs.
+    reference = None
+    if torch.float32 not in dtypes:
+        logger.info("setting up the float32 eager reference (untimed)")
+        reference = setup_variant(
+            "eager", preset, base, batch_sizes, prompt_len, progress=False, dtype=torch.float32
         )
+    bandwidth = None
     for batch in batch_sizes:
         steps = {
-            setup.name: DecodeStep.prepare(setup.runner, batch, prompt_len) for setup in setups
+            (setup.dtype, setup.name): DecodeStep.prepare(setup.runner, batch, prompt_len)
+            for setup in setups
         }
-        logits = {name: step().float() for name, step in steps.items()}
+        logits = {key: step().float() for key, step in steps.items()}
+        if reference is None:
+            float32_logits = logits[(torch.float32, "eager")]
+        else:
+            reference_step = DecodeStep.prepare(reference.runner, batch, prompt_len)
+            float32_logits = reference_step().float()
+            reference.runner.free(reference_step.requests)
+        step_bytes = {key: step.bytes_read for key, step in steps.items()}
+        if bandwidth is None:  # once, before the first timed step, sized to the largest
+            largest = max(
+                bytes_per_step(s.runner.model, [prompt_len + 1] * max(batch_sizes)) for s in setups
+            )
+            bandwidth = measure_read_bandwidth(largest, device=platform.device_type)
+            result.read_bandwidth = bandwidth
+            logger.info(
+                "read bandwidth %.1f GB/s (%d MB probe, %d threads)",
+                bandwidth.bytes_per_second / 1e9,
+                bandwidth.probe_bytes // 2**20,
+                bandwidth.threads,
+            )
         for step in steps.values():
             for _ in range(warmups):
                 step()
-        samples: dict[str, list[float]] = {name: [] for name in steps}
+        samples: dict[tuple[torch.dtype, str], list[float]] = {key: [] for key in steps}
         for _ in range(iterations):  # interleaved: noise hits every variant alike
-            for name, step in steps.items():
-                samples[name].append(step.timed())
-        eager_p50 = statistics.median(samples["eager"])
+            for key, step in steps.items():
+                samples[key].append(step.timed())
         for setup in setups:
-            p50 = statistics.median(samples[setup.name])
+            key = (setup.dtype, setup.name)
+            p50 = statistics.median(samples[key])
+            eager_p50 = statistics.median(samples[(setup.dtype, "eager")])
+            roofline = step_bytes[key] / bandwidth.bytes_per_second
             result.measurements.append(
                 Measurement(
                     variant=setup.name,
                     batch_size=batch,
                     p50_ms=p50 * 1e3,
-                    p90_ms=percentile(samples[setup.name], 90) * 1e3,
+                    p90_ms=percentile(samples[key], 90) * 1e3,
                     tokens_per_second=batch / p50,
                     speedup_vs_eager=eager_p50 / p50,
-                    max_abs_logit_diff=(logits[setup.name] - logits["eager"]).abs().max().item(),
+                    max_abs_logit_diff=_max_diff(logits[key], logits[(setup.dtype, "eager")]),
                     compile_seconds=setup.compile_seconds,
                     capture_seconds=setup.capture_seconds,
+                    dtype=_dtype_name(setup.dtype),
+                    max_abs_logit_diff_vs_float32=_max_diff(logits[key], float32_logits),
+                    bytes_per_step=step_bytes[key],
+                    roofline_ms=roofline * 1e3,
+                    roofline_fraction=roofline / p50,
                 )
             )
         for step in steps.values():
             step.runner.free(step.requests)
+    result.load_average = None if start_load is None else [start_load, _load_average()]
     return result
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()

@@ -14,6 +14,7 @@ from support import clean_env
 
 from slotwise import decode_benchmark
 from slotwise.compilation.config import ENV_CONFIG, CompilationConfig
+from slotwise.models.llama import PRESETS
 
 # The module: the package slotwise.cli exports its main() under the same name.
 cli_main = importlib.import_module("slotwise.cli.main")
@@ -53,6 +54,54 @@ def test_bench_json_reports_every_variant_and_batch_size():
     assert rows[("eager", 1)]["speedup_vs_eager"] == 1.0
 
 
+def tiny_step_bytes(batch: int, prompt_len: int, element_size: int) -> int:
+    """What one decode step of the tiny preset must read, from its shape alone: every
+    weight (the embedding table only for the step's tokens; the LM head is not tied)
+    and each request's keys and values, the new token's included, in every layer."""
+    c = PRESETS["tiny"]
+    head = c.hidden_size // c.num_heads
+    layer = (
+        c.hidden_size * (c.num_heads + 2 * c.num_kv_heads) * head  # qkv
+        + c.num_heads * head * c.hidden_size  # o_proj
+        + 3 * c.intermediate_size * c.hidden_size  # gate, up, down
+        + 2 * c.hidden_size  # the two norms
+    )
+    weights = c.num_layers * layer + c.hidden_size + c.vocab_size * c.hidden_size
+    embedding_rows = batch * c.hidden_size
+    kv = c.num_layers * batch * (prompt_len + 1) * 2 * c.num_kv_heads * head
+    return (weights + embedding_rows + kv) * element_size
+
+
+def test_bench_compares_dtypes_against_the_memory_roofline():
+    result = bench(
+        "--batch-sizes", "1,3", "--prompt-len", "20", "--iterations", "3",
+        "--variants", "eager,level3", "--dtype", "float32,bfloat16", "-O.backend=eager",
+        "--threads", "1", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    bandwidth = report["read_bandwidth"]
+    assert bandwidth["bytes_per_second"] > 1e8 and bandwidth["threads"] == 1
+    assert report["dtype"] == "float32,bfloat16" and len(report["load_average"]) == 2
+    rows = {(m["dtype"], m["variant"], m["batch_size"]): m for m in report["measurements"]}
+    assert len(rows) == 8
+    for (dtype, _, batch), row in rows.items():
+        size = 4 if dtype == "float32" else 2
+        assert row["bytes_per_step"] == tiny_step_bytes(batch, 20, size)
+        expected_ms = row["bytes_per_step"] / bandwidth["bytes_per_second"] * 1e3
+        assert row["roofline_ms"] == pytest.approx(expected_ms)
+        assert row["roofline_fraction"] == pytest.approx(row["roofline_ms"] / row["p50_ms"])
+        if dtype == "float32":
+            assert row["max_abs_logit_diff_vs_float32"] == row["max_abs_logit_diff"] < 1e-4
+        else:  # bfloat16 rounding, far below the logits' spread, but not float32 noise
+            assert 1e-4 < row["max_abs_logit_diff_vs_float32"] < 0.05
+    table = bench("--batch-sizes", "1", "--iterations", "1", "--variants", "eager",
+                  "--dtype", "bfloat16", "--threads", "1")  # fmt: skip
+    assert table.returncode == 0, table.stderr
+    assert "of roofline" in table.stdout and "bfloat16" in table.stdout
+    assert "read bandwidth" in table.stdout
+
+
 def test_bench_table_is_the_default_output():
     result = bench("--batch-sizes", "1", "--iterations", "2", "--variants", "eager")
     assert result.returncode == 0, result.stderr
@@ -83,6 +132,8 @@ def test_bench_rejects_bad_arguments_with_the_reason(args, message):
         (["--tp", "0"], "argument --tp: expected an integer >= 1, got '0'"),
         (["--tp", "-2"], "argument --tp: expected an integer >= 1, got '-2'"),
         (["--batch-sizes", "1,x"], "argument --batch-sizes: '1,x' must list positive integers"),
+        (["--dtype", "float64"], "argument --dtype: 'float64' must list dtypes among float32"),
+        (["--dtype", ""], "argument --dtype: '' must list dtypes among float32, bfloat16"),
     ],
 )
 def test_bench_refuses_bad_numbers_when_parsing(args, message):
@@ -144,3 +195,11 @@ def test_bench_lays_o_flags_over_the_environment_config(bench_main, monkeypatch,
         bench_main("-O.graph_warmups=2")
     (config,) = started.value.args
     assert (config.backend, config.graph_warmups) == ("eager", 2)
+
+
+def test_the_bandwidth_probe_reads_more_than_a_cache_holds():
+    """A small step still gets memory's bandwidth: the probe never reads less than
+    PROBE_MIN_BYTES, and it records the thread count it ran with."""
+    probe = decode_benchmark.measure_read_bandwidth(4096, device="cpu", repeats=2)
+    assert probe.probe_bytes == decode_benchmark.PROBE_MIN_BYTES >= 256 * 2**20
+    assert probe.bytes_per_second > 1e8 and probe.threads >= 1

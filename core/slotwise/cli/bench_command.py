@@ -10,6 +10,9 @@ from slotwise.cli.arguments import add_tp_argument, int_at_least
 from slotwise.cli.table import format_table
 from slotwise.errors import SlotwiseError
 
+#: The dtypes --dtype accepts (torch's names).
+DTYPES = ("float32", "bfloat16", "float16")
+
 
 class BenchArgumentError(SlotwiseError):
     """An argument only the preset (or checkpoint) can judge; main() reports it like
@@ -22,6 +25,22 @@ def add_parser(commands: Any, name: str) -> None:
     parser = commands.add_parser(
         name,
         help="measure decode-step latency: eager, level 3, level 3 with graphs, torch.compile",
+    )
+    parser.add_argument(
+        "what",
+        nargs="?",
+        choices=("decode", "startup"),
+        default="decode",
+        help="decode (default): step latency; startup: fresh processes timed to the first token",
+    )
+    parser.add_argument(
+        "--repeats", type=int_at_least(1), default=3, help="startup: rounds of processes (>= 1)"
+    )
+    parser.add_argument(
+        "--layers",
+        type=int_at_least(1),
+        default=None,
+        help="startup with --preset: build the preset with this many layers (>= 1)",
     )
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
@@ -57,6 +76,13 @@ def add_parser(commands: Any, name: str) -> None:
         "--iterations", type=int_at_least(1), default=30, help="timed steps per variant (>= 1)"
     )
     parser.add_argument(
+        "--dtype",
+        type=_dtypes,
+        default="float32",
+        help="the weights' dtype: float32, bfloat16 or float16; several, comma-separated "
+        "(float32,bfloat16), are measured in one run, their steps interleaved",
+    )
+    parser.add_argument(
         "--threads",
         type=int_at_least(1),
         default=None,
@@ -75,6 +101,16 @@ def _sizes(text: str) -> list[int]:
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must list positive integers, e.g. 1,4,16")
     return sizes
+
+
+def _dtypes(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in names if name not in DTYPES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must list dtypes among {', '.join(DTYPES)}, e.g. float32,bfloat16"
+        )
+    return list(dict.fromkeys(names))
 
 
 def _check_preset(preset: str, model: str | None, prompt_len: int) -> None:
@@ -102,34 +138,49 @@ def _described(preset: str, model: str | None) -> str:
 def render(result: dict[str, Any]) -> str:
     header = [
         "variant",
+        "dtype",
         "batch",
         "p50 ms",
         "p90 ms",
         "tokens/s",
         "vs eager",
+        "MB/step",
+        "roofline ms",
+        "of roofline",
         "max |dlogit|",
+        "vs float32",
         "compile s",
         "capture s",
     ]
     rows = [
         [
             m["variant"],
+            m["dtype"],
             str(m["batch_size"]),
             f"{m['p50_ms']:.2f}",
             f"{m['p90_ms']:.2f}",
             f"{m['tokens_per_second']:.0f}",
             f"{m['speedup_vs_eager']:.2f}x",
+            f"{m['bytes_per_step'] / 1e6:.1f}",
+            f"{m['roofline_ms']:.2f}",
+            f"{m['roofline_fraction']:.2f}",
             f"{m['max_abs_logit_diff']:.1e}",
+            f"{m['max_abs_logit_diff_vs_float32']:.1e}",
             f"{m['compile_seconds']:.1f}",
             f"{m['capture_seconds']:.2f}",
         ]
         for m in result["measurements"]
     ]
+    bandwidth = result["read_bandwidth"]
+    load = result["load_average"]
     title = (
         f"slotwise bench: {_described(result['preset'], result['model'])} on "
         f"{result['platform']}, "
         f"tensor parallel {result['tensor_parallel_size']}, torch {result['torch']}, "
-        f"{result['iterations']} steps per variant"
+        f"{result['iterations']} steps per variant\n"
+        f"read bandwidth {bandwidth['bytes_per_second'] / 1e9:.1f} GB/s "
+        f"({bandwidth['probe_bytes'] // 2**20} MiB probe, {bandwidth['threads']} threads)"
+        + ("" if load is None else f", load average {load[0]:.1f} to {load[1]:.1f}")
     )
     return title + "\n" + format_table(header, rows)
 
@@ -139,11 +190,21 @@ def run(args: argparse.Namespace) -> int:
 
     config = CompilationConfig.from_cli_namespace(args)  # checked before torch loads
     _check_preset(args.preset, args.model, args.prompt_len)
+    if args.layers is not None and (args.what != "startup" or args.model is not None):
+        raise BenchArgumentError(
+            "argument --layers: only 'slotwise bench startup --preset NAME' takes it"
+        )
+    if args.what == "startup":
+        from slotwise.startup_benchmark import run_startup_command
+
+        return run_startup_command(
+            args.model or args.preset, args.repeats, config, args.json, layers=args.layers
+        )
+    import torch
+
     from slotwise.decode_benchmark import run_benchmark
 
     if args.threads is not None:
-        import torch
-
         torch.set_num_threads(args.threads)
     variants = args.variants.split(",") if args.variants else None
     rank = 0
@@ -160,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
             prompt_len=args.prompt_len,
             iterations=args.iterations,
             progress=not args.json and rank == 0,
+            dtype=[getattr(torch, name) for name in args.dtype],
         ).as_dict()
     except ValueError as exc:
         raise SystemExit(f"slotwise bench: {exc}") from exc

@@ -1,9 +1,12 @@
 """``CPU_SDPA``: paged attention on the CPU with torch's scaled_dot_product_attention.
 
-Keys and values are gathered from the paged cache into dense tensors, then SDPA
-does the math (its CPU kernels are fused and multi-threaded).  Decodes run as one
-batched call with a padding mask; each prefill runs on its own, causal over its
-context and new tokens.  Grouped-query attention uses SDPA's ``enable_gqa``.
+Decodes read the paged cache in place with the plugin's C kernel
+(``slotwise_cpu.paged_decode``), so their cost follows the tokens each request holds.
+Where that kernel cannot be built (no C compiler; a warning says so), their keys and
+values are gathered into dense tensors and run as one batched SDPA call with a padding
+mask.  Each prefill gathers its blocks and runs SDPA on its own, causal over its
+context and new tokens (its cost is the arithmetic, not the copy).  Grouped-query
+attention uses SDPA's ``enable_gqa``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from slotwise.plugin_api import (
     GraphSupport,
     write_to_kv_cache,
 )
+from slotwise_cpu import paged_decode
 
 
 class CpuSdpaBackend(AttentionBackend):
@@ -46,10 +50,37 @@ class CpuSdpaImpl(AttentionImpl):
         output: torch.Tensor,
     ) -> None:
         num_tokens = metadata.num_actual_tokens
+        num_decodes = metadata.num_decodes
+        kernel = paged_decode.kernel() if paged_decode.supports(q, kv_cache) else None
+        if kernel is not None and num_decodes == num_tokens:
+            # Only decodes: the kernel stores the new keys and values itself.
+            key_cache, value_cache = kv_cache.unbind(0)
+            paged_decode.paged_decode(
+                kernel,
+                _rows(q, num_decodes),
+                key_cache,
+                value_cache,
+                metadata.block_table,
+                metadata.seq_lens,
+                _rows(output, num_decodes),
+                self.scale,
+                new_kv=(_rows(k, num_tokens), _rows(v, num_tokens), metadata.slot_mapping),
+            )
+            return
         write_to_kv_cache(k[:num_tokens], v[:num_tokens], kv_cache, metadata.slot_mapping)
         key_cache, value_cache = kv_cache.unbind(0)
-        num_decodes = metadata.num_decodes
-        if num_decodes:
+        if num_decodes and kernel is not None:
+            paged_decode.paged_decode(
+                kernel,
+                q[:num_decodes],
+                key_cache,
+                value_cache,
+                metadata.block_table[:num_decodes],
+                metadata.seq_lens[:num_decodes],
+                output[:num_decodes],
+                self.scale,
+            )
+        elif num_decodes:
             output[:num_decodes] = self._decode(
                 q[:num_decodes],
                 key_cache,
@@ -112,6 +143,12 @@ class CpuSdpaImpl(AttentionImpl):
         return F.scaled_dot_product_attention(
             q, k, v, scale=self.scale, enable_gqa=self.num_queries_per_kv > 1, **kwargs
         )
+
+
+def _rows(tensor: torch.Tensor, count: int) -> torch.Tensor:
+    """The first ``count`` rows; the tensor itself when it has no more (a slice costs
+    a microsecond or two, paid per layer and step)."""
+    return tensor if tensor.shape[0] == count else tensor[:count]
 
 
 def _dense(blocks: torch.Tensor) -> torch.Tensor:

@@ -64,3 +64,12 @@ class CpuPlatform(Platform):
         from slotwise_cpu.communicator import CpuCommunicator
 
         return CpuCommunicator
+
+    def get_piecewise_backend_cls(self, **kwargs: Any) -> type | None:
+        """Level-3 pieces whose one-row linear products run the plugin's C kernel; None
+        (slotwise's backend, which captures) for a subclass that adds static graphs."""
+        if self.get_graph_api() is not None:
+            return None
+        from slotwise_cpu.piecewise import CpuPiecewiseBackend
+
+        return CpuPiecewiseBackend

@@ -1,0 +1,292 @@
+"""What moves a CPU decode step toward the memory roofline: each candidate, measured.
+
+Why: a batch-1 decode step reads every weight once, so it can go no faster than the
+weights stream from memory; the CPU plugin keeps what is measured to bring it closer.
+Two parts, each interleaved round by round, in one process:
+
+1. *One-row products* on the ``small`` preset's weight shapes (8 layers of qkv, o, gate/up
+   and down projections, and the LM head; 109 MB in float32): torch's ``F.linear`` (MKL
+   for float32, oneDNN for bfloat16), the plugin's small-GEMM kernel, and oneDNN's and
+   MKL's prepacked linears (which need the weights packed ahead of time: the treatment
+   Inductor's freezing gives constant weights).
+2. *Level-3 variants* of the ``small`` preset at batch 1: slotwise's own piecewise
+   backend, the CPU plugin's (one-row products on the small-GEMM op), and the plugin's
+   with each Inductor or config candidate on top: ``cpp_wrapper`` (C++ instead of Python
+   around each piece's kernels), ``max_autotune`` with the CPP GEMM template,
+   ``custom_ops: ["all"]`` (the platform's RMSNorm kernel instead of Inductor's fused
+   code), ``compile_sizes: [1]`` (a static-shape compile for batch 1); and the plugin's
+   at one thread against the run's thread count.
+
+Every variant's logits are compared with eager's.  The roofline is the bytes a step
+reads over the probed read bandwidth (``slotwise.decode_benchmark``), at the run's
+thread count.  Results go to ``<out-dir>/cpu_decode_tuning.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from common import (
+    LOG,
+    add_output_args,
+    configure_logging,
+    emit,
+    environment,
+    utc_timestamp,
+    write_outputs,
+)
+
+PROMPT_LEN = 32
+#: name -> (compilation config over level 3, use slotwise's own piecewise backend, threads)
+LEVEL3_VARIANTS: dict[str, tuple[dict[str, Any], bool, int | None]] = {
+    "level3, slotwise's piecewise backend": ({}, True, None),
+    "level3, CPU plugin": ({}, False, None),
+    "+ cpp_wrapper": ({"inductor_config": {"cpp_wrapper": True}}, False, None),
+    "+ max_autotune (CPP GEMM template)": (
+        {"inductor_config": {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}},
+        False,
+        None,
+    ),
+    "+ custom_ops all": ({"custom_ops": ["all"]}, False, None),
+    "+ compile_sizes [1]": ({"compile_sizes": [1]}, False, None),
+    "CPU plugin, 1 thread": ({}, False, 1),
+}
+
+
+def weight_shapes() -> list[tuple[int, int]]:
+    from slotwise.models.llama import PRESETS
+
+    c = PRESETS["small"]
+    head = c.hidden_size // c.num_heads
+    layer = [
+        ((c.num_heads + 2 * c.num_kv_heads) * head, c.hidden_size),
+        (c.hidden_size, c.num_heads * head),
+        (2 * c.intermediate_size, c.hidden_size),
+        (c.hidden_size, c.intermediate_size),
+    ]
+    return layer * c.num_layers + [(c.vocab_size, c.hidden_size)]
+
+
+def product_variants(dtype: Any) -> tuple[dict[str, Callable[[], None]], int]:
+    """One pass over every weight of the preset per variant; and the bytes it reads."""
+    import torch
+    import torch.nn.functional as F
+
+    from slotwise_cpu import linear
+
+    generator = torch.Generator().manual_seed(0)
+    weights = [torch.randn(shape, generator=generator).to(dtype) for shape in weight_shapes()]
+    inputs = {k: torch.randn(1, k, generator=generator).to(dtype) for _, k in weight_shapes()}
+    pairs = [(inputs[w.shape[1]], w) for w in weights]
+    variants = {"torch F.linear": lambda: [F.linear(x, w) for x, w in pairs]}
+    if dtype in linear.KERNEL_DTYPES or dtype == torch.float32:
+        kernel = linear.kernel()
+        code = {torch.float32: 0, **linear.KERNEL_DTYPES}[dtype]
+
+        def small_gemm() -> None:  # the kernel itself, for float32 too
+            for x, w in pairs:
+                out = torch.empty(1, w.shape[0], dtype=dtype)
+                threads = torch.get_num_threads()
+                kernel(x.data_ptr(), x.shape[1], w.data_ptr(), None, out.data_ptr(),
+                       w.shape[0], 1, w.shape[0], w.shape[1], code, threads)  # fmt: skip
+
+        variants["slotwise_cpu small GEMM"] = small_gemm
+    packed = [(x, torch.ops.mkldnn._reorder_linear_weight(w, 1)) for x, w in pairs]
+    variants["oneDNN prepacked"] = lambda: [
+        torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "") for x, p in packed
+    ]
+    if dtype == torch.float32:
+        mkl = [(x, torch.ops.mkl._mkl_reorder_linear_weight(w, 1), w) for x, w in pairs]
+        variants["MKL prepacked"] = lambda: [
+            torch.ops.mkl._mkl_linear(x, p, w, None, 1) for x, p, w in mkl
+        ]
+    nbytes = sum(w.numel() * w.element_size() for w in weights)
+    return variants, nbytes
+
+
+def interleaved(variants: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
+    """Median seconds of each variant, run in turn round after round (two warm-ups)."""
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for round_index in range(rounds + 2):
+        for name, fn in variants.items():
+            start = time.perf_counter()
+            fn()
+            if round_index >= 2:
+                samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
+@contextlib.contextmanager
+def slotwise_piecewise_backend(enabled: bool) -> Iterator[None]:
+    """The CPU platform handing its pieces to slotwise's own backend, while building."""
+    from slotwise.platforms import get_current_platform
+
+    platform = get_current_platform()
+    if enabled:
+        platform.get_piecewise_backend_cls = lambda **kwargs: None
+    try:
+        yield
+    finally:
+        platform.__dict__.pop("get_piecewise_backend_cls", None)
+
+
+def level3_steps(
+    dtype: Any, threads: int
+) -> tuple[dict[str, Callable[[], Any]], dict[str, float], dict[str, float], int]:
+    """Each variant's decode step (with its thread count), its logits' difference to
+    eager and its compile seconds; and the bytes a step reads."""
+    import torch
+
+    from slotwise.compilation.config import CompilationConfig
+    from slotwise.decode_benchmark import DecodeStep, setup_variant
+
+    steps: dict[str, Callable[[], Any]] = {}
+    logits: dict[str, Any] = {}
+    compile_seconds: dict[str, float] = {}
+    for name, (config, own_backend, variant_threads) in {
+        "eager": ({}, False, None),
+        **LEVEL3_VARIANTS,
+    }.items():
+        LOG.info("%s: setting up %s", dtype, name)
+        with slotwise_piecewise_backend(own_backend):
+            setup = setup_variant(
+                "eager" if name == "eager" else "level3", "small",
+                CompilationConfig(**config), [1], PROMPT_LEN, progress=False, dtype=dtype,
+            )  # fmt: skip
+        step = DecodeStep.prepare(setup.runner, 1, PROMPT_LEN)
+        count = variant_threads or threads
+
+        def run(step: DecodeStep = step, count: int = count) -> Any:
+            torch.set_num_threads(count)
+            return step()
+
+        steps[name] = run
+        logits[name] = run().float()
+        compile_seconds[name] = setup.compile_seconds
+    differences = {name: float((v - logits["eager"]).abs().max()) for name, v in logits.items()}
+    return steps, differences, compile_seconds, step.bytes_read
+
+
+def build_report(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from slotwise.decode_benchmark import measure_read_bandwidth
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    products: dict[str, Any] = {}
+    level3: dict[str, Any] = {}
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        variants, nbytes = product_variants(dtype)
+        bandwidth = measure_read_bandwidth(nbytes, device="cpu").bytes_per_second
+        medians = interleaved(variants, args.rounds)
+        products[dtype_name] = {
+            "bytes": nbytes,
+            "read_bandwidth_gb_s": bandwidth / 1e9,
+            "ms": {name: t * 1e3 for name, t in medians.items()},
+        }
+        steps, differences, compile_seconds, step_bytes = level3_steps(dtype, threads)
+        torch.set_num_threads(threads)
+        bandwidth = measure_read_bandwidth(step_bytes, device="cpu").bytes_per_second
+        medians = interleaved(steps, args.rounds)
+        torch.set_num_threads(threads)
+        level3[dtype_name] = {
+            "bytes_per_step": step_bytes,
+            "read_bandwidth_gb_s": bandwidth / 1e9,
+            "roofline_ms": step_bytes / bandwidth * 1e3,
+            "p50_ms": {name: t * 1e3 for name, t in medians.items()},
+            "max_abs_logit_diff_vs_eager": differences,
+            "compile_seconds": compile_seconds,
+        }
+    return {
+        **environment(),
+        "torch_threads": threads,
+        "load_average": os.getloadavg()[0],
+        "rounds": args.rounds,
+        "products": products,
+        "level3": level3,
+        "timestamp": utc_timestamp(),
+    }
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"{report['torch_threads']} threads, {report['rounds']} interleaved rounds, load "
+        f"average {report['load_average']:.1f} at the end.",
+        "",
+        "One-row products over the `small` preset's weights:",
+        "",
+        "| dtype | variant | ms | GB/s | vs torch |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for dtype, part in report["products"].items():
+        torch_ms = part["ms"]["torch F.linear"]
+        for name, ms in part["ms"].items():
+            lines.append(
+                f"| {dtype} | {name} | {ms:.2f} | {part['bytes'] / ms / 1e6:.1f} "
+                f"| {torch_ms / ms:.2f}x |"
+            )
+    lines += [
+        "",
+        "Level-3 decode steps of the `small` preset at batch 1:",
+        "",
+        "| dtype | variant | p50 ms | of roofline | vs CPU plugin | max \\|dlogit\\| vs eager "
+        "| compile s |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for dtype, part in report["level3"].items():
+        plugin_ms = part["p50_ms"]["level3, CPU plugin"]
+        for name, ms in part["p50_ms"].items():
+            lines.append(
+                f"| {dtype} | {name} | {ms:.2f} | {part['roofline_ms'] / ms:.2f} "
+                f"| {plugin_ms / ms:.2f}x | {part['max_abs_logit_diff_vs_eager'][name]:.1e} "
+                f"| {part['compile_seconds'][name]:.1f} |"
+            )
+        lines.append(
+            f"| {dtype} | (roofline: {part['bytes_per_step'] / 1e6:.1f} MB at "
+            f"{part['read_bandwidth_gb_s']:.1f} GB/s) | {part['roofline_ms']:.2f} | | | | |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20, help="interleaved timed rounds")
+    parser.add_argument(
+        "--dtypes",
+        type=lambda text: text.split(","),
+        default=["float32", "bfloat16"],
+        help="comma-separated: float32, bfloat16, float16",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    add_output_args(parser)
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    unknown = set(args.dtypes) - {"float32", "bfloat16", "float16"}
+    if unknown:
+        parser.error(f"--dtypes: unknown {sorted(unknown)}; use float32, bfloat16, float16")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    configure_logging()
+    args = parse_args(argv)
+    report = build_report(args)
+    markdown = render_markdown(report)
+    write_outputs("cpu_decode_tuning", report, markdown, args.out_dir)
+    emit(report, markdown, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,442 @@
+/*
+ * Decode attention straight from the paged KV cache: one query token per request, its
+ * keys and values read in place from the blocks of its block table, so a step reads
+ * each cached byte once and copies none.  Scores, the softmax and the weighted sum of
+ * values are computed in float32 whatever the cache's dtype.
+ *
+ * Each request's tokens are cut into partitions of PARTITION tokens; a work item is one
+ * partition of one request, all heads at once, so it reads its blocks front to back
+ * (each token's keys of every head lie together).  Items run on OpenMP threads; a long
+ * request thus spreads over every thread even at batch 1.  An item keeps, per query
+ * head, the running maximum of its scores, the sum of their exponentials and the
+ * weighted sum of values (the online softmax, rescaled once per tile of tokens); a
+ * second pass merges the partitions of each request.
+ *
+ * Layouts (element strides are passed for q and out; the rest is contiguous):
+ *   q            [num_seqs, num_heads, head_size]
+ *   key_cache    [num_blocks, block_size, num_kv_heads, head_size]  (value_cache alike)
+ *   block_table  int32 [num_seqs, table_stride], of which table_width columns are valid
+ *   seq_lens     int32 [num_seqs]: tokens to attend to, the new one included
+ *   out          [num_seqs, num_heads, head_size], the dtype of q
+ *
+ * The hot loops use AVX-512 where the compiler targets it (-march=native on a CPU that
+ * has it) and portable C, which compilers vectorise, elsewhere.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+enum { DTYPE_FLOAT32 = 0, DTYPE_BFLOAT16 = 1, DTYPE_FLOAT16 = 2 };
+enum { STATUS_OK = 0, STATUS_BAD_ARGUMENT = 1, STATUS_BAD_BLOCK = 2, STATUS_NO_MEMORY = 3 };
+/* Tokens per partition (one work item) and per tile (one rescaling of the softmax). */
+enum { PARTITION = 256, TILE = 16 };
+
+static inline float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* NaN */
+    bits += 0x7fffu + ((bits >> 16) & 1u); /* round to nearest even, as torch does */
+    return (uint16_t)(bits >> 16);
+}
+
+static inline float load_scalar(const void *p, int64_t i, int dtype) {
+    if (dtype == DTYPE_FLOAT32) return ((const float *)p)[i];
+    if (dtype == DTYPE_BFLOAT16) return bf16_to_float(((const uint16_t *)p)[i]);
+    return (float)((const _Float16 *)p)[i];
+}
+
+static inline void store_scalar(void *p, int64_t i, float value, int dtype) {
+    if (dtype == DTYPE_FLOAT32)
+        ((float *)p)[i] = value;
+    else if (dtype == DTYPE_BFLOAT16)
+        ((uint16_t *)p)[i] = float_to_bf16(value);
+    else
+        ((_Float16 *)p)[i] = (_Float16)value;
+}
+
+/* Where element d of a head lives in the float32 query and accumulator rows.  bfloat16
+ * rows of a multiple of 32 elements are kept "paired" under AVX-512: each 32 elements
+ * as their 16 even then their 16 odd ones, the order in which one 512-bit load of
+ * bfloat16 splits into two float32 vectors with a shift and a mask. */
+static inline int64_t lane(int64_t d, int64_t n, int dtype) {
+#ifdef __AVX512F__
+    if (dtype == DTYPE_BFLOAT16 && n % 32 == 0) return (d & ~(int64_t)31) + (d & 1) * 16 + (d & 31) / 2;
+#else
+    (void)n;
+    (void)dtype;
+#endif
+    return d;
+}
+
+#ifdef __AVX512F__
+/* 32 bfloat16 at ``p`` as float32: the even elements, then the odd ones. */
+static inline void load32_paired(const void *p, __m512 *even, __m512 *odd) {
+    const __m512i x = _mm512_loadu_si512(p);
+    *even = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    *odd = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* 16 elements (or the first ``n`` < 16, the rest zero) of ``dtype`` at ``p`` as floats. */
+static inline __m512 load16(const void *p, int64_t n, int dtype) {
+    __mmask16 mask = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
+    if (dtype == DTYPE_FLOAT32) return _mm512_maskz_loadu_ps(mask, p);
+    __m256i half = _mm256_maskz_loadu_epi16(mask, p);
+    if (dtype == DTYPE_FLOAT16) return _mm512_cvtph_ps(half);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
+/* scores[t] = q . rows[t] for ``count`` rows ``stride`` bytes apart, ``n`` elements each.
+ * Inlined with a constant ``n`` and ``dtype``, the query stays in registers. */
+static inline __attribute__((always_inline)) void dot_rows(float *restrict scores,
+                                                           const float *restrict q,
+                                                           const char *rows, int64_t count,
+                                                           int64_t stride, int64_t n, int dtype) {
+    const int64_t elem = dtype == DTYPE_FLOAT32 ? 4 : 2;
+    if (dtype == DTYPE_BFLOAT16 && n % 32 == 0) { /* q is paired (see lane) */
+        for (int64_t t = 0; t < count; t++) {
+            const char *row = rows + t * stride;
+            __m512 sum = _mm512_setzero_ps();
+            for (int64_t i = 0; i < n; i += 32) {
+                __m512 even, odd;
+                load32_paired(row + i * 2, &even, &odd);
+                sum = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), even, sum);
+                sum = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 16), odd, sum);
+            }
+            scores[t] = _mm512_reduce_add_ps(sum);
+        }
+        return;
+    }
+    for (int64_t t = 0; t < count; t++) {
+        const char *row = rows + t * stride;
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i += 16) {
+            __mmask16 mask = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+            sum = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, q + i),
+                                  load16(row + i * elem, n - i, dtype), sum);
+        }
+        scores[t] = _mm512_reduce_add_ps(sum);
+    }
+}
+
+/* acc[0:n] += sum over t of weights[t] * rows[t], accumulating in registers. */
+static inline __attribute__((always_inline)) void accumulate_rows(float *restrict acc,
+                                                                  const float *restrict weights,
+                                                                  const char *rows, int64_t count,
+                                                                  int64_t stride, int64_t n,
+                                                                  int dtype) {
+    const int64_t elem = dtype == DTYPE_FLOAT32 ? 4 : 2;
+    if (dtype == DTYPE_BFLOAT16 && n <= 256 && n % 32 == 0) { /* acc is paired (see lane) */
+        __m512 sums[16];
+        for (int64_t c = 0; c < n / 16; c++) sums[c] = _mm512_loadu_ps(acc + 16 * c);
+        for (int64_t t = 0; t < count; t++) {
+            const __m512 w = _mm512_set1_ps(weights[t]);
+            for (int64_t c = 0; c < n / 32; c++) {
+                __m512 even, odd;
+                load32_paired(rows + t * stride + 64 * c, &even, &odd);
+                sums[2 * c] = _mm512_fmadd_ps(w, even, sums[2 * c]);
+                sums[2 * c + 1] = _mm512_fmadd_ps(w, odd, sums[2 * c + 1]);
+            }
+        }
+        for (int64_t c = 0; c < n / 16; c++) _mm512_storeu_ps(acc + 16 * c, sums[c]);
+        return;
+    }
+    if (n <= 256 && n % 16 == 0) { /* every chunk in a register of its own */
+        __m512 sums[16];
+        for (int64_t c = 0; c < n / 16; c++) sums[c] = _mm512_loadu_ps(acc + 16 * c);
+        for (int64_t t = 0; t < count; t++) {
+            const __m512 w = _mm512_set1_ps(weights[t]);
+            for (int64_t c = 0; c < n / 16; c++)
+                sums[c] = _mm512_fmadd_ps(w, load16(rows + t * stride + 16 * c * elem, 16, dtype),
+                                          sums[c]);
+        }
+        for (int64_t c = 0; c < n / 16; c++) _mm512_storeu_ps(acc + 16 * c, sums[c]);
+        return;
+    }
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 mask = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 sum = _mm512_maskz_loadu_ps(mask, acc + i);
+        for (int64_t t = 0; t < count; t++)
+            sum = _mm512_fmadd_ps(_mm512_set1_ps(weights[t]),
+                                  load16(rows + t * stride + i * elem, n - i, dtype), sum);
+        _mm512_mask_storeu_ps(acc + i, mask, sum);
+    }
+}
+
+/* exp(x) for 16 floats: 2^(x log2 e) as 2^n times a degree-6 polynomial of the rest,
+ * within 2 ulp of expf; -inf gives 0. */
+static inline __m512 exp16(__m512 x) {
+    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f)); /* below: 0 after the final scaling */
+    __m512 t = _mm512_mul_ps(x, log2e);
+    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(t, n); /* in [-0.5, 0.5] */
+    __m512 p = _mm512_set1_ps(1.5353362e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3398874e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6180370e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5503406e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022652e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* scores[0:count] <- exp(scores - maximum); returns their sum. */
+static inline float exp_and_sum(float *scores, int64_t count, float maximum) {
+    __mmask16 mask = count >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << count) - 1u);
+    __m512 s = _mm512_maskz_loadu_ps(mask, scores);
+    __m512 e = exp16(_mm512_sub_ps(s, _mm512_set1_ps(maximum)));
+    e = _mm512_maskz_mov_ps(mask, e);
+    _mm512_mask_storeu_ps(scores, mask, e);
+    return _mm512_reduce_add_ps(e);
+}
+#else
+static inline void dot_rows(float *restrict scores, const float *restrict q, const char *rows,
+                            int64_t count, int64_t stride, int64_t n, int dtype) {
+    for (int64_t t = 0; t < count; t++) {
+        const char *row = rows + t * stride;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t i = 0; i < n; i++) sum += q[i] * load_scalar(row, i, dtype);
+        scores[t] = sum;
+    }
+}
+
+static inline void accumulate_rows(float *restrict acc, const float *restrict weights,
+                                   const char *rows, int64_t count, int64_t stride, int64_t n,
+                                   int dtype) {
+    for (int64_t t = 0; t < count; t++) {
+        const float w = weights[t];
+        const char *row = rows + t * stride;
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) acc[i] += w * load_scalar(row, i, dtype);
+    }
+}
+
+static inline float exp_and_sum(float *scores, int64_t count, float maximum) {
+    float sum = 0.0f;
+    for (int64_t t = 0; t < count; t++) {
+        scores[t] = expf(scores[t] - maximum);
+        sum += scores[t];
+    }
+    return sum;
+}
+#endif
+
+typedef struct {
+    const char *q, *key_cache, *value_cache;
+    const int32_t *block_table, *seq_lens;
+    char *out;
+    int64_t q_stride_seq, q_stride_head, table_stride, table_width, out_stride_seq,
+        out_stride_head, num_blocks, num_heads, num_kv_heads, head_size, block_size, elem;
+    float scale;
+    int dtype;
+} Problem;
+
+/* One partition, tokens [begin, end) of request ``seq``: per query head, the scaled
+ * queries go to ``query`` [H][D], the running maximum to ``maxes`` [H], the sum of
+ * exponentials to ``sums`` [H] and the unnormalised weighted values to ``acc`` [H][D];
+ * ``scores`` [H][TILE] is scratch.  Returns STATUS_BAD_BLOCK for a block id outside
+ * the cache.  Inlined into one copy per common head size and dtype (``D``, ``dtype``
+ * constants), so the inner loops unroll and keep their vectors in registers. */
+static inline __attribute__((always_inline)) int attend_partition(
+    const Problem *p, int64_t seq, int64_t begin, int64_t end, float *restrict query,
+    float *restrict maxes, float *restrict sums, float *restrict acc, float *restrict scores,
+    const int64_t D, const int dtype) {
+    const int64_t H = p->num_heads, group = H / p->num_kv_heads, elem = dtype ? 2 : 4;
+    const char *q = p->q + seq * p->q_stride_seq * elem;
+    for (int64_t h = 0; h < H; h++) {
+        for (int64_t d = 0; d < D; d++)
+            query[h * D + lane(d, D, dtype)] =
+                load_scalar(q, h * p->q_stride_head + d, dtype) * p->scale;
+        memset(acc + h * D, 0, (size_t)D * sizeof(float));
+        maxes[h] = -INFINITY;
+        sums[h] = 0.0f;
+    }
+    const int32_t *blocks = p->block_table + seq * p->table_stride;
+    const int64_t token_bytes = p->num_kv_heads * D * elem;
+    for (int64_t start = begin; start < end;) {
+        const int64_t offset = start % p->block_size;
+        int64_t count = p->block_size - offset;
+        if (count > TILE) count = TILE;
+        if (count > end - start) count = end - start;
+        const int64_t block = blocks[start / p->block_size];
+        if (block < 0 || block >= p->num_blocks) return STATUS_BAD_BLOCK;
+        const int64_t first = (block * p->block_size + offset) * token_bytes;
+        const char *keys = p->key_cache + first, *values = p->value_cache + first;
+        for (int64_t h = 0; h < H; h++)
+            dot_rows(scores + h * TILE, query + h * D, keys + (h / group) * D * elem, count,
+                     token_bytes, D, dtype);
+        for (int64_t h = 0; h < H; h++) {
+            float *s = scores + h * TILE;
+            float tile_max = maxes[h];
+            for (int64_t t = 0; t < count; t++) tile_max = s[t] > tile_max ? s[t] : tile_max;
+            if (tile_max > maxes[h]) { /* rescale what was summed under the old maximum */
+                const float correction = expf(maxes[h] - tile_max);
+                sums[h] *= correction;
+                for (int64_t d = 0; d < D; d++) acc[h * D + d] *= correction;
+                maxes[h] = tile_max;
+            }
+            sums[h] += exp_and_sum(s, count, tile_max);
+        }
+        for (int64_t h = 0; h < H; h++)
+            accumulate_rows(acc + h * D, scores + h * TILE, values + (h / group) * D * elem,
+                            count, token_bytes, D, dtype);
+        start += count;
+    }
+    return STATUS_OK;
+}
+
+/* attend_partition for this problem's head size and dtype, specialised where common. */
+static int attend(const Problem *p, int64_t seq, int64_t begin, int64_t end, float *query,
+                  float *maxes, float *sums, float *acc, float *scores) {
+#define ATTEND(D, DTYPE) attend_partition(p, seq, begin, end, query, maxes, sums, acc, scores, D, DTYPE)
+#define FOR_SIZE(D)                                                               \
+    if (p->head_size == D) {                                                      \
+        if (p->dtype == DTYPE_FLOAT32) return ATTEND(D, DTYPE_FLOAT32);           \
+        if (p->dtype == DTYPE_BFLOAT16) return ATTEND(D, DTYPE_BFLOAT16);         \
+        return ATTEND(D, DTYPE_FLOAT16);                                          \
+    }
+    FOR_SIZE(64)
+    FOR_SIZE(128)
+#undef FOR_SIZE
+    return ATTEND(p->head_size, p->dtype);
+#undef ATTEND
+}
+
+/* Request ``seq``'s output for one head: its partitions, each rescaled to the largest
+ * maximum, summed in ``value`` [D] (scratch) and normalised. */
+static void merge(const Problem *p, int64_t seq, int64_t head, int64_t parts, const float *first,
+                  int64_t item_floats, float *value) {
+    const int64_t H = p->num_heads, D = p->head_size;
+    char *out = p->out + (seq * p->out_stride_seq + head * p->out_stride_head) * p->elem;
+    float maximum = -INFINITY, total = 0.0f;
+    for (int64_t i = 0; i < parts; i++) {
+        const float m = first[i * item_floats + head];
+        maximum = m > maximum ? m : maximum;
+    }
+    memset(value, 0, (size_t)D * sizeof(float));
+    for (int64_t i = 0; i < parts; i++) {
+        const float *item = first + i * item_floats;
+        const float weight = expf(item[head] - maximum);
+        total += weight * item[H + head];
+        const float *acc = item + 2 * H + head * D;
+        for (int64_t d = 0; d < D; d++) value[d] += weight * acc[d];
+    }
+    const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
+    for (int64_t d = 0; d < D; d++)
+        store_scalar(out, d, value[lane(d, D, p->dtype)] * inverse, p->dtype);
+}
+
+/* Stores ``count`` tokens' keys and values (rows ``key_stride`` and ``value_stride``
+ * elements apart, heads contiguous) at cache slots ``slots``; STATUS_BAD_BLOCK for a
+ * slot outside the cache. */
+static int write_tokens(const Problem *p, const char *keys, int64_t key_stride,
+                        const char *values, int64_t value_stride, const int64_t *slots,
+                        int64_t count) {
+    const int64_t row = p->num_kv_heads * p->head_size * p->elem;
+    for (int64_t i = 0; i < count; i++) {
+        if (slots[i] < 0 || slots[i] >= p->num_blocks * p->block_size) return STATUS_BAD_BLOCK;
+        memcpy((char *)p->key_cache + slots[i] * row, keys + i * key_stride * p->elem,
+               (size_t)row);
+        memcpy((char *)p->value_cache + slots[i] * row, values + i * value_stride * p->elem,
+               (size_t)row);
+    }
+    return STATUS_OK;
+}
+
+/* Returns STATUS_OK, or the STATUS_* code of what it refused (the caller raises).  With
+ * ``num_new`` > 0, first stores the step's new keys and values at ``slot_mapping``, so a
+ * decode step needs no separate cache write. */
+int slotwise_paged_decode(const void *q, int64_t q_stride_seq, int64_t q_stride_head,
+                          void *key_cache, void *value_cache, int64_t num_blocks,
+                          const int32_t *block_table, int64_t table_stride,
+                          int64_t table_width, const int32_t *seq_lens, void *out,
+                          int64_t out_stride_seq, int64_t out_stride_head, int64_t num_seqs,
+                          int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
+                          int64_t block_size, float scale, int dtype, int num_threads,
+                          const void *new_keys, int64_t new_key_stride,
+                          const void *new_values, int64_t new_value_stride,
+                          const int64_t *slot_mapping, int64_t num_new) {
+    if (dtype < DTYPE_FLOAT32 || dtype > DTYPE_FLOAT16 || head_size < 1 || block_size < 1 ||
+        num_kv_heads < 1 || num_heads % num_kv_heads || num_threads < 1 || num_seqs < 0 ||
+        num_new < 0)
+        return STATUS_BAD_ARGUMENT;
+    const Problem p = {(const char *)q, (const char *)key_cache, (const char *)value_cache,
+                       block_table, seq_lens, (char *)out, q_stride_seq, q_stride_head,
+                       table_stride, table_width, out_stride_seq, out_stride_head, num_blocks,
+                       num_heads, num_kv_heads, head_size, block_size,
+                       dtype == DTYPE_FLOAT32 ? 4 : 2, scale, dtype};
+    if (num_new > 0) {
+        const int status =
+            write_tokens(&p, (const char *)new_keys, new_key_stride, (const char *)new_values,
+                         new_value_stride, slot_mapping, num_new);
+        if (status != STATUS_OK) return status;
+    }
+    /* Request r owns items first_item[r] .. first_item[r + 1] - 1, one per partition. */
+    int64_t items = 0;
+    for (int64_t r = 0; r < num_seqs; r++) {
+        if (seq_lens[r] < 0 || seq_lens[r] > table_width * block_size) return STATUS_BAD_BLOCK;
+        items += (seq_lens[r] + PARTITION - 1) / PARTITION;
+    }
+    const int64_t H = num_heads, D = head_size;
+    /* Per item: maxes [H], sums [H], acc [H][D]; per thread: query [H][D], scores [H][TILE]. */
+    const int64_t item_floats = H * (2 + D), scratch_floats = H * (D + TILE);
+    int64_t *index = malloc((size_t)(num_seqs + 1 + 2 * items) * sizeof(int64_t));
+    float *work = malloc((size_t)(items * item_floats + num_threads * scratch_floats) *
+                         sizeof(float));
+    if (index == NULL || work == NULL) {
+        free(index);
+        free(work);
+        return STATUS_NO_MEMORY;
+    }
+    int64_t *first_item = index, *item_seq = index + num_seqs + 1, *item_part = item_seq + items;
+    first_item[0] = 0;
+    for (int64_t r = 0; r < num_seqs; r++) {
+        const int64_t parts = (seq_lens[r] + PARTITION - 1) / PARTITION;
+        for (int64_t i = 0; i < parts; i++) {
+            item_seq[first_item[r] + i] = r;
+            item_part[first_item[r] + i] = i;
+        }
+        first_item[r + 1] = first_item[r] + parts;
+    }
+    int status = STATUS_OK;
+#pragma omp parallel num_threads(num_threads)
+    {
+        float *scratch = work + items * item_floats + omp_get_thread_num() * scratch_floats;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < items; item++) {
+            const int64_t seq = item_seq[item], begin = item_part[item] * PARTITION;
+            const int64_t end = begin + PARTITION < seq_lens[seq] ? begin + PARTITION
+                                                                  : seq_lens[seq];
+            float *maxes = work + item * item_floats;
+            int result = attend(&p, seq, begin, end, scratch, maxes, maxes + H, maxes + 2 * H,
+                                scratch + H * D);
+            if (result != STATUS_OK) {
+#pragma omp atomic write
+                status = result;
+            }
+        }
+#pragma omp for schedule(static)
+        for (int64_t pair = 0; pair < num_seqs * H; pair++) {
+            const int64_t seq = pair / H;
+            merge(&p, seq, pair % H, first_item[seq + 1] - first_item[seq],
+                  work + first_item[seq] * item_floats, item_floats, scratch);
+        }
+    }
+    free(index);
+    free(work);
+    return status;
+}

@@ -1,0 +1,162 @@
+"""Decode attention read straight from the paged KV cache, by the plugin's C kernel.
+
+Why: gathering every request's blocks into a dense copy before SDPA reads each cached
+byte three times (the gather reads and writes it, SDPA reads the copy) and pads every
+request to the longest.  ``csrc/paged_decode.c`` reads each request's own tokens once,
+in place, so a step's attention costs what its keys and values weigh.  It can also
+store the step's new keys and values first, which saves a decode step the separate
+cache write.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+
+import torch
+
+from slotwise_cpu.native import KernelBuildError, load
+
+logger = logging.getLogger("slotwise")
+
+#: The kernel's dtype codes.
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+_I64 = ctypes.c_int64
+_PTR = ctypes.c_void_p
+#: What the kernel's status codes mean.
+_STATUS = {
+    1: "bad sizes (heads not a multiple of key/value heads, or an empty dimension)",
+    2: "a block id or slot outside the cache, or a sequence longer than its block table row",
+    3: "out of memory for the partitions' partial results",
+}
+
+
+@functools.cache
+def kernel() -> ctypes._CFuncPtr | None:
+    """The C function, or None (with one warning saying why) when it cannot be built."""
+    try:
+        library = load("paged_decode")
+    except KernelBuildError as exc:
+        logger.warning(
+            "slotwise_cpu: decode attention gathers each request's cache blocks into a "
+            "dense copy (slower for long contexts) because its kernel is unavailable: %s",
+            exc,
+        )
+        return None
+    function = library.slotwise_paged_decode
+    function.argtypes = [
+        _PTR, _I64, _I64,  # q, its strides
+        _PTR, _PTR, _I64,  # key and value cache, their blocks
+        _PTR, _I64, _I64,  # block table, its row stride and width
+        _PTR,  # seq_lens
+        _PTR, _I64, _I64,  # out, its strides
+        _I64, _I64, _I64, _I64, _I64,  # seqs, heads, kv heads, head size, block size
+        ctypes.c_float, ctypes.c_int, ctypes.c_int,  # scale, dtype code, threads
+        _PTR, _I64, _PTR, _I64,  # new keys and values, their row strides
+        _PTR, _I64,  # their slots, their count
+    ]  # fmt: skip
+    function.restype = ctypes.c_int
+    return function
+
+
+def supports(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """Whether the kernel can serve these tensors (``paged_decode`` checks the layouts)."""
+    return q.dtype in DTYPE_CODES and kv_cache.dtype == q.dtype
+
+
+def paged_decode(
+    function: ctypes._CFuncPtr,
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    scale: float,
+    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> None:
+    """Attention of each request's one query token over its ``seq_lens[r]`` cached tokens,
+    into ``out``; with ``new_kv`` (keys, values, slot_mapping), stores those first.
+
+    q, out: [num_seqs, num_heads, head_size] (rows may be strided, heads contiguous);
+    key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_size], contiguous;
+    block_table: int32 [num_seqs, >= blocks needed]; seq_lens: int32 [num_seqs];
+    new keys and values: [num_new, num_kv_heads, head_size], slot_mapping int64 [num_new].
+    """
+    num_seqs, num_heads, head_size = q.shape
+    num_blocks, block_size, num_kv_heads, _ = key_cache.shape
+    _check_layouts(q, out, key_cache, value_cache, block_table, seq_lens, new_kv)
+    new_keys, new_values, slots = new_kv if new_kv is not None else (None, None, None)
+    status = function(
+        q.data_ptr(), q.stride(0), q.stride(1),
+        key_cache.data_ptr(), value_cache.data_ptr(), num_blocks,
+        block_table.data_ptr(), block_table.stride(0), block_table.shape[1],
+        seq_lens.data_ptr(),
+        out.data_ptr(), out.stride(0), out.stride(1),
+        num_seqs, num_heads, num_kv_heads, head_size, block_size,
+        scale, DTYPE_CODES[q.dtype], torch.get_num_threads(),
+        None if new_keys is None else new_keys.data_ptr(),
+        0 if new_keys is None else new_keys.stride()[0],
+        None if new_values is None else new_values.data_ptr(),
+        0 if new_values is None else new_values.stride()[0],
+        None if slots is None else slots.data_ptr(),
+        0 if slots is None else slots.shape[0],
+    )  # fmt: skip
+    if status != 0:
+        raise ValueError(f"paged_decode: {_STATUS.get(status, f'status {status}')}")
+
+
+def _check_layouts(
+    q: torch.Tensor,
+    out: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+) -> None:
+    """The layouts the kernel reads through raw pointers; anything else would read
+    the wrong memory rather than fail.  (Block ids, slots and lengths it checks itself.)"""
+    dtype, (_, heads, head_size) = q.dtype, q.shape
+    kv_heads = key_cache.shape[2]
+    rows = [(q, heads), (out, heads)]
+    if new_kv is not None:
+        rows += [(new_kv[0], kv_heads), (new_kv[1], kv_heads)]
+    ok = (
+        all(
+            t.dtype is dtype and t.stride()[1:] == (head_size, 1) and t.shape[1:] == (n, head_size)
+            for t, n in rows
+        )
+        and out.shape[0] == q.shape[0]
+        and key_cache.dtype is dtype
+        and value_cache.dtype is dtype
+        and key_cache.shape == value_cache.shape
+        and key_cache.is_contiguous()
+        and value_cache.is_contiguous()
+        and block_table.dtype is torch.int32
+        and block_table.stride()[1] == 1
+        and seq_lens.dtype is torch.int32
+        and seq_lens.is_contiguous()
+        and (
+            new_kv is None
+            or (
+                new_kv[2].dtype is torch.int64
+                and new_kv[2].is_contiguous()
+                and new_kv[0].shape[0] == new_kv[1].shape[0] == new_kv[2].shape[0]
+            )
+        )
+        and q.device.type == "cpu"
+        and key_cache.device.type == "cpu"
+    )
+    if not ok:
+        raise ValueError(
+            "paged_decode: needs CPU tensors of one dtype, heads contiguous in q, out and "
+            "the new keys and values, contiguous caches of one "
+            "shape, an int32 block table with contiguous rows, int32 seq_lens and int64 "
+            f"slots; got q {dtype} {tuple(q.shape)} strides {q.stride()}, out "
+            f"{out.dtype} {tuple(out.shape)} strides {out.stride()}, key cache "
+            f"{key_cache.dtype} {tuple(key_cache.shape)}, block table {block_table.dtype}, "
+            f"seq_lens {seq_lens.dtype}"
+        )

@@ -1,0 +1,132 @@
+"""``torch.ops.slotwise_cpu.linear`` and the CPU piecewise backend that routes to it.
+
+Oracles: a float64 matrix product (the kernel accumulates in float32 and rounds once, so
+it must agree to the output's own rounding), and ``F.linear`` itself for every call the
+op hands on to torch.  Whole models: level 3 against the same model run eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from slotwise.compilation.config import CompilationConfig
+from slotwise.models.llama import build_llama
+from slotwise.runner.model_runner import ModelRunner
+from slotwise_cpu import linear
+from slotwise_cpu.piecewise import route_linear_layers
+
+KERNEL_DTYPES = [torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel():
+    assert linear.kernel() is not None, "the kernel must build where a C compiler is installed"
+
+
+def within_output_rounding(out: torch.Tensor, expected: torch.Tensor) -> bool:
+    """|out - expected| within one unit in the last place of out's dtype, plus the
+    float32 accumulation's error over the inner dimension."""
+    ulp = torch.finfo(out.dtype).eps * expected.abs()
+    return bool(((out.double() - expected).abs() <= ulp + 1e-4).all())
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1024, 512), (2752, 512), (512, 1376), (7, 33), (5, 1)])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_one_row_products_match_float64(dtype, shape, bias):
+    outputs, inner = shape
+    generator = torch.Generator().manual_seed(outputs + inner)
+    x = torch.randn(1, inner, generator=generator).to(dtype)
+    weight = torch.randn(outputs, inner, generator=generator).to(dtype)
+    b = torch.randn(outputs, generator=generator).to(dtype) if bias else None
+    out = torch.ops.slotwise_cpu.linear(x, weight, b)
+    expected = x.double() @ weight.double().T + (0 if b is None else b.double())
+    assert out.dtype == dtype and out.shape == (1, outputs)
+    assert within_output_rounding(out, expected)
+    # torch's own bfloat16 GEMM is no closer to the exact product.
+    assert within_output_rounding(F.linear(x, weight, b), expected)
+
+
+def test_a_row_of_a_wider_tensor_is_read_with_its_stride():
+    x = torch.randn(3, 64).to(torch.bfloat16)[1:2, :32]  # row stride 64
+    weight = torch.randn(16, 32).to(torch.bfloat16)
+    out = torch.ops.slotwise_cpu.linear(x, weight, None)
+    assert within_output_rounding(out, x.double() @ weight.double().T)
+
+
+@pytest.mark.parametrize(
+    "x, weight",
+    [
+        (torch.randn(2, 64), torch.randn(32, 64)),  # float32: MKL is as fast
+        (torch.randn(4, 64).bfloat16(), torch.randn(32, 64).bfloat16()),  # more rows
+        (torch.randn(1, 64).bfloat16(), torch.randn(64, 32).bfloat16().T),  # strided weight
+        (torch.randn(2, 1, 64).bfloat16(), torch.randn(32, 64).bfloat16()),  # 3-D input
+    ],
+    ids=["float32", "four-rows", "transposed-weight", "3d"],
+)
+def test_what_the_kernel_does_not_take_is_exactly_f_linear(x, weight):
+    assert torch.equal(torch.ops.slotwise_cpu.linear(x, weight, None), F.linear(x, weight))
+
+
+def test_the_op_traces_with_its_fake_implementation():
+    compiled = torch.compile(
+        lambda x, w: torch.ops.slotwise_cpu.linear(x, w, None), backend="eager", fullgraph=True
+    )
+    x, weight = torch.randn(1, 64).bfloat16(), torch.randn(8, 64).bfloat16()
+    torch.testing.assert_close(compiled(x, weight), torch.ops.slotwise_cpu.linear(x, weight, None))
+
+
+class TwoLinears(torch.nn.Module):
+    def forward(self, x, w1, w2, bias):
+        return F.linear(torch.relu(F.linear(x, w1)), w2, bias=bias)
+
+
+@pytest.mark.parametrize("dtype, routed", [(torch.bfloat16, 2), (torch.float16, 2),
+                                           (torch.float32, 0)], ids=str)  # fmt: skip
+def test_linear_layers_of_kernel_dtypes_are_routed_to_the_op(dtype, routed):
+    graph = torch.fx.symbolic_trace(TwoLinears())
+    inputs = [torch.randn(1, 16), torch.randn(8, 16), torch.randn(4, 8), torch.randn(4)]
+    inputs = [t.to(dtype) for t in inputs]
+    expected = graph(*inputs)
+    assert route_linear_layers(graph, inputs) == routed
+    targets = [node.target for node in graph.graph.nodes if node.op == "call_function"]
+    assert targets.count(torch.ops.slotwise_cpu.linear.default) == routed
+    torch.testing.assert_close(graph(*inputs), expected, atol=0.02, rtol=0.02)
+
+
+def decode_logits(model, batch: int) -> torch.Tensor:
+    runner = ModelRunner(model, num_blocks=32)
+    requests = runner.add_requests([[7, 3, 9, 11][: 2 + r] for r in range(batch)], 2)
+    runner.step(requests)  # the prefill
+    for request in requests:
+        request.tokens.append(5)
+    return runner.step(requests)  # a decode step
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_level3_with_the_kernels_gives_the_eager_logits(dtype, batch, caplog):
+    """The tiny preset at level 3 (eager compiler, so only the routing differs) against
+    level 0, each with its own seeded copy of the weights: equal to the logits' rounding."""
+    caplog.set_level(logging.DEBUG, logger="slotwise")
+    eager = build_llama("tiny", dtype=dtype, compilation_config=CompilationConfig(level=0))
+    level3 = build_llama("tiny", dtype=dtype, compilation_config=CompilationConfig(backend="eager"))
+    expected, got = decode_logits(eager, batch), decode_logits(level3, batch)
+    assert "linear layers of piece" in caplog.text  # the pieces did route to the op
+    ulps = 2 * torch.finfo(dtype).eps * expected.abs().max()
+    assert (got - expected).abs().max() <= ulps
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_level3_under_inductor_gives_the_eager_logits(dtype):
+    eager = build_llama("small", dtype=dtype, compilation_config=CompilationConfig(level=0))
+    level3 = build_llama("small", dtype=dtype, compilation_config=CompilationConfig())
+    for batch in (1, 4):
+        expected, got = decode_logits(eager, batch), decode_logits(level3, batch)
+        tolerance = 1e-5 if dtype == torch.float32 else 2 * torch.finfo(dtype).eps * 4
+        assert (got - expected).abs().max() <= tolerance * max(1.0, expected.abs().max())

@@ -1,0 +1,207 @@
+"""The CPU plugin's decode attention kernel (``slotwise_cpu.paged_decode``).
+
+The oracle is attention computed in float64 by torch from a dense copy of each
+request's keys and values (gathered by hand from its block table), softmax and all.
+The kernel computes in float32 from the cache's dtype, so in float32 it must agree to
+float32 rounding, and in bfloat16/float16 its output may differ from the oracle's by the
+rounding of the result to that dtype only (the inputs are exact in both).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from slotwise.attention import AttentionMetadataBuilder, write_to_kv_cache
+from slotwise_cpu import paged_decode
+from slotwise_cpu.attention import CpuSdpaImpl
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+#: (heads, kv heads, head size, block size): the specialised head sizes 64 and 128, a
+#: generic one (80, 20), grouped-query ratios 1 to 16, block sizes that tiles cross.
+LAYOUTS = [(8, 4, 64, 16), (32, 2, 128, 16), (6, 2, 80, 5), (3, 3, 20, 32), (16, 1, 64, 1)]
+#: Lengths around the 256-token partitions the kernel splits requests into.
+LENGTHS = [1, 17, 255, 256, 257, 1000]
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    function = paged_decode.kernel()
+    assert function is not None, "the kernel must build where a C compiler is installed"
+    return function
+
+
+def paged_cache(num_blocks, block_size, kv_heads, head_size, dtype, generator):
+    shape = (num_blocks, block_size, kv_heads, head_size)
+    keys = torch.randn(shape, generator=generator).to(dtype)
+    values = torch.randn(shape, generator=generator).to(dtype)
+    return keys, values
+
+
+def shuffled_block_table(lengths, block_size, num_blocks, generator, spare=2):
+    """Each request's blocks drawn at random from the cache, rows padded with more."""
+    width = max(math.ceil(n / block_size) for n in lengths) + spare
+    rows = [torch.randperm(num_blocks, generator=generator)[:width] for _ in lengths]
+    return torch.stack(rows).to(torch.int32)
+
+
+def float64_reference(q, keys, values, block_table, lengths, scale):
+    """Softmax attention of each one-token query over its request's tokens, in float64."""
+    _, heads, head_size = q.shape
+    block_size, kv_heads = keys.shape[1], keys.shape[2]
+    group = heads // kv_heads
+    out = []
+    for r, length in enumerate(lengths):
+        blocks = block_table[r, : math.ceil(length / block_size)].long()
+        k = keys[blocks].reshape(-1, kv_heads, head_size)[:length].double()
+        v = values[blocks].reshape(-1, kv_heads, head_size)[:length].double()
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,thd->ht", q[r].double() * scale, k)
+        out.append(torch.einsum("ht,thd->hd", scores.softmax(-1), v))
+    return torch.stack(out)
+
+
+def assert_matches(out, expected):
+    """float32: to float32 rounding; lower precisions: within the output's own rounding."""
+    if out.dtype == torch.float32:
+        torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-5)
+    else:
+        rounding = (expected.to(out.dtype).double() - expected).abs()
+        ulp = torch.finfo(out.dtype).eps * expected.abs().clamp_min(1e-2)
+        assert ((out.double() - expected).abs() <= rounding + ulp).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: "h{}-kv{}-d{}-b{}".format(*layout))
+def test_the_kernel_matches_float64_attention(kernel, dtype, layout):
+    heads, kv_heads, head_size, block_size = layout
+    generator = torch.Generator().manual_seed(heads * head_size + block_size)
+    num_blocks = 3 * math.ceil(max(LENGTHS) / block_size) + 8
+    keys, values = paged_cache(num_blocks, block_size, kv_heads, head_size, dtype, generator)
+    table = shuffled_block_table(LENGTHS, block_size, num_blocks, generator)
+    lengths = torch.tensor(LENGTHS, dtype=torch.int32)
+    q = (3 * torch.randn(len(LENGTHS), heads, head_size, generator=generator)).to(dtype)
+    out = torch.empty_like(q)
+    paged_decode.paged_decode(kernel, q, keys, values, table, lengths, out, 0.37)
+    assert_matches(out, float64_reference(q, keys, values, table, LENGTHS, 0.37))
+
+
+def test_queries_may_be_rows_of_a_wider_tensor(kernel):
+    """q as the model makes it: a view into the fused qkv projection (strided rows)."""
+    generator = torch.Generator().manual_seed(1)
+    keys, values = paged_cache(40, 16, 2, 64, torch.float32, generator)
+    table = shuffled_block_table([33, 70], 16, 40, generator)
+    qkv = torch.randn(2, (8 + 2 * 2) * 64, generator=generator)
+    q = qkv[:, : 8 * 64].view(2, 8, 64)
+    out = torch.empty(2, 8, 64)
+    paged_decode.paged_decode(
+        kernel, q, keys, values, table, torch.tensor([33, 70], dtype=torch.int32), out, 0.125
+    )
+    assert_matches(out, float64_reference(q, keys, values, table, [33, 70], 0.125))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_new_tokens_are_stored_before_they_are_attended_to(kernel, dtype):
+    generator = torch.Generator().manual_seed(2)
+    kv_cache = torch.zeros(2, 12, 16, 2, 32, dtype=dtype)
+    builder = AttentionMetadataBuilder(16)
+    metadata = builder.build([1, 1], [20, 40], [[3, 7], [1, 9, 4]])
+    k, v = (torch.randn(2, 2, 32, generator=generator).to(dtype) for _ in range(2))
+    stale = torch.randn(kv_cache.shape, generator=generator).to(dtype)
+    kv_cache.copy_(stale)
+    expected_cache = stale.clone()
+    write_to_kv_cache(k, v, expected_cache, metadata.slot_mapping)
+    q = torch.randn(2, 4, 32, generator=generator).to(dtype)
+    out = torch.empty_like(q)
+    key_cache, value_cache = kv_cache.unbind(0)
+    paged_decode.paged_decode(
+        kernel, q, key_cache, value_cache, metadata.block_table, metadata.seq_lens, out, 0.2,
+        new_kv=(k, v, metadata.slot_mapping),
+    )  # fmt: skip
+    assert torch.equal(kv_cache, expected_cache)
+    lengths = metadata.seq_lens.tolist()
+    expected = float64_reference(q, *expected_cache.unbind(0), metadata.block_table, lengths, 0.2)
+    assert_matches(out, expected)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ("block", "block id or slot outside the cache"),
+        ("negative block", "block id or slot outside the cache"),
+        ("length", "longer than its block table row"),
+        ("slot", "block id or slot outside the cache"),
+    ],
+)
+def test_out_of_range_ids_are_refused_not_read(kernel, change, message):
+    keys = values = torch.zeros(4, 16, 1, 8)
+    table = torch.tensor([[0, 1]], dtype=torch.int32)
+    lengths = torch.tensor([20], dtype=torch.int32)
+    new_kv = None
+    if change == "block":
+        table[0, 1] = 4
+    elif change == "negative block":
+        table[0, 0] = -1
+    elif change == "length":
+        lengths[0] = 33
+    else:
+        new_kv = (torch.zeros(1, 1, 8), torch.zeros(1, 1, 8), torch.tensor([64]))
+    q = out = torch.zeros(1, 2, 8)
+    with pytest.raises(ValueError, match=message):
+        paged_decode.paged_decode(kernel, q, keys, values, table, lengths, out, 1.0, new_kv=new_kv)
+
+
+def test_layouts_the_kernel_cannot_read_are_refused(kernel):
+    keys = values = torch.zeros(4, 16, 1, 8)
+    table = torch.tensor([[0, 1]], dtype=torch.int32)
+    lengths = torch.tensor([20], dtype=torch.int32)
+    heads_last = torch.zeros(1, 8, 2).transpose(1, 2)  # [1, 2, 8], heads not contiguous
+    with pytest.raises(ValueError, match="heads contiguous"):
+        paged_decode.paged_decode(
+            kernel, heads_last, keys, values, table, lengths, torch.zeros(1, 2, 8), 1.0
+        )
+    with pytest.raises(ValueError, match="one dtype"):
+        paged_decode.paged_decode(
+            kernel, torch.zeros(1, 2, 8, dtype=torch.bfloat16), keys, values, table, lengths,
+            torch.zeros(1, 2, 8, dtype=torch.bfloat16), 1.0,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("query_lens", [[1, 1, 1], [1, 1, 5]], ids=["decodes", "mixed"])
+def test_the_cpu_backend_decodes_through_the_kernel(kernel, dtype, query_lens):
+    """Decodes (and a prefill after them) through CPU_SDPA's forward, against float64
+    attention of each query token over the tokens up to its own, as the cache holds
+    them afterwards."""
+    generator = torch.Generator().manual_seed(3)
+    heads, kv_heads, head_size, block_size = 8, 2, 64, 16
+    impl = CpuSdpaImpl(heads, head_size, 0.125, kv_heads)
+    kv_cache = torch.randn(2, 40, block_size, kv_heads, head_size, generator=generator).to(dtype)
+    contexts = [300, 5, 47]
+    metadata = AttentionMetadataBuilder(block_size).build(
+        query_lens, contexts, [list(range(0, 19)), [19], [20, 21, 22, 23]]
+    )
+    num_tokens = metadata.num_actual_tokens
+    q = torch.randn(num_tokens, heads, head_size, generator=generator).to(dtype)
+    k, v = (torch.randn(num_tokens, kv_heads, head_size, generator=generator).to(dtype)
+            for _ in range(2))  # fmt: skip
+    out = torch.empty_like(q)
+    impl.forward(None, q, k, v, kv_cache, metadata, out)
+    # Token i of request r sits at position contexts[r] + i and sees positions 0 to it.
+    rows = [(r, contexts[r] + i + 1) for r, n in enumerate(query_lens) for i in range(n)]
+    table = metadata.block_table[[r for r, _ in rows]]
+    expected = float64_reference(q, *kv_cache.unbind(0), table, [n for _, n in rows], 0.125)
+    assert_matches(out, expected)
+
+
+def test_torch_and_the_kernels_share_one_openmp_runtime(kernel):
+    """The kernels link ``libgomp.so.1``; the loader must reuse the one torch loaded,
+    or two thread pools would fight for the cores."""
+    from slotwise_cpu import linear
+
+    assert linear.kernel() is not None
+    with open("/proc/self/maps") as maps:
+        runtimes = {line.split()[-1] for line in maps if "libgomp" in line}
+    assert len(runtimes) == 1, runtimes
