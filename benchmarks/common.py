@@ -37,6 +37,27 @@ def configure_logging(level: int = logging.INFO) -> None:
     logging.basicConfig(level=level, format="%(name)s: %(message)s", stream=sys.stderr)
 
 
+#: The dtypes the decode benchmarks run a model in.
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def add_dtypes_arg(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """``--dtypes a,b``: a comma-separated list of ``DTYPES`` (default float32,bfloat16)."""
+
+    def dtype_list(text: str) -> list[str]:
+        names = [name for name in text.split(",") if name]
+        unknown = sorted(set(names) - set(DTYPES))
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(
+                f"unknown {unknown or [text]}; use a comma-separated list of {', '.join(DTYPES)}"
+            )
+        return names
+
+    parser.add_argument(
+        "--dtypes", type=dtype_list, default=["float32", "bfloat16"], help=help_text
+    )
+
+
 def add_output_args(parser: argparse.ArgumentParser) -> None:
     """The options every benchmark has: ``--out-dir`` and ``--json``."""
     parser.add_argument(

@@ -35,6 +35,7 @@ from typing import Any
 
 from common import (
     LOG,
+    add_dtypes_arg,
     add_output_args,
     configure_logging,
     emit,
@@ -261,20 +262,12 @@ def render_markdown(report: dict[str, Any]) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20, help="interleaved timed rounds")
-    parser.add_argument(
-        "--dtypes",
-        type=lambda text: text.split(","),
-        default=["float32", "bfloat16"],
-        help="comma-separated: float32, bfloat16, float16",
-    )
+    add_dtypes_arg(parser, "comma-separated: float32, bfloat16, float16")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     add_output_args(parser)
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    unknown = set(args.dtypes) - {"float32", "bfloat16", "float16"}
-    if unknown:
-        parser.error(f"--dtypes: unknown {sorted(unknown)}; use float32, bfloat16, float16")
     return args
 
 

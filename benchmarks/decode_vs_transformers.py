@@ -38,6 +38,7 @@ from typing import Any
 
 from common import (
     LOG,
+    add_dtypes_arg,
     add_output_args,
     configure_logging,
     emit,
@@ -342,11 +343,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
     )
-    parser.add_argument(
-        "--dtypes",
-        type=lambda text: text.split(","),
-        default=["float32", "bfloat16"],
-        help="comma-separated dtypes to run the checkpoint in: float32, bfloat16, float16",
+    add_dtypes_arg(
+        parser, "comma-separated dtypes to run the checkpoint in: float32, bfloat16, float16"
     )
     parser.add_argument(
         "--skip", action="append", default=[], metavar="VARIANT", help="a variant not to run"
@@ -355,9 +353,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.iterations < 1 or args.warmups < 0 or min(args.batch_sizes) < 1:
         parser.error("--iterations and --batch-sizes must be at least 1, --warmups at least 0")
-    unknown = set(args.dtypes) - {"float32", "bfloat16", "float16"}
-    if unknown:
-        parser.error(f"--dtypes: unknown {sorted(unknown)}; use float32, bfloat16, float16")
     if args.hidden_size % 128:
         parser.error("--hidden-size must be a multiple of 128 (64-wide heads, 2 per KV head)")
     return args

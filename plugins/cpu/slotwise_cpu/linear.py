@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 
 import torch
 import torch.nn.functional as F
 
-from slotwise_cpu.native import KernelBuildError, load
-
-logger = logging.getLogger("slotwise")
+from slotwise_cpu.native import kernel_function
 
 #: The op's qualified name.
 LINEAR_OP = "slotwise_cpu::linear"
@@ -42,22 +39,13 @@ _library.define("linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
 @functools.cache
 def kernel() -> ctypes._CFuncPtr | None:
     """The C function, or None (with one warning saying why) when it cannot be built."""
-    try:
-        library = load("small_gemm")
-    except KernelBuildError as exc:
-        logger.warning(
-            "slotwise_cpu: linear layers run torch's GEMM at every size because the "
-            "small-GEMM kernel is unavailable: %s",
-            exc,
-        )
-        return None
-    function = library.slotwise_small_gemm
-    function.argtypes = [
+    argtypes = [
         _PTR, _I64, _PTR, _PTR, _PTR, _I64,  # x, its row stride, weight, bias, out, its stride
         _I64, _I64, _I64, ctypes.c_int, ctypes.c_int,  # m, n, k, dtype code, threads
     ]  # fmt: skip
-    function.restype = ctypes.c_int
-    return function
+    return kernel_function(
+        "small_gemm", "slotwise_small_gemm", argtypes, "linear layers run torch's GEMM"
+    )
 
 
 def runs_kernel(weight_dtype: torch.dtype) -> bool:

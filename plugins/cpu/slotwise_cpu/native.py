@@ -25,6 +25,7 @@ import stat
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from slotwise.plugin_api import SlotwiseError
 
@@ -60,7 +61,8 @@ def load(name: str) -> ctypes.CDLL:
     ``KernelBuildError`` naming what failed."""
     source = SOURCE_DIR / f"{name}.c"
     cc = compiler()
-    key = _build_key(source.read_bytes(), cc)
+    headers = b"".join(header.read_bytes() for header in sorted(SOURCE_DIR.glob("*.h")))
+    key = _build_key(source.read_bytes() + headers, cc)
     folder = cache_dir()
     if _private_folder(folder):
         library = folder / f"{name}-{key[:24]}.so"
@@ -79,6 +81,21 @@ def load(name: str) -> ctypes.CDLL:
         return ctypes.CDLL(str(library))
     except OSError as exc:
         raise KernelBuildError(f"could not load the {name} kernel from {library}: {exc}") from exc
+
+
+def kernel_function(
+    library: str, symbol: str, argtypes: list[Any], unavailable: str
+) -> ctypes._CFuncPtr | None:
+    """``symbol`` of the library built from ``csrc/<library>.c``, typed; or None, with one
+    warning saying what runs instead (``unavailable``) and why, when it cannot be built."""
+    try:
+        function = getattr(load(library), symbol)
+    except KernelBuildError as exc:
+        logger.warning("slotwise_cpu: %s because its kernel is unavailable: %s", unavailable, exc)
+        return None
+    function.argtypes = argtypes
+    function.restype = ctypes.c_int
+    return function
 
 
 def _build_key(source: bytes, cc: str) -> str:
@@ -130,7 +147,7 @@ def _build(cc: str, source: Path, library: Path) -> None:
     """Compile to a temporary name next to ``library``, then rename: a concurrent
     process sees either no library or a whole one."""
     partial = library.with_name(f".{library.name}.{os.getpid()}.tmp")
-    command = [cc, *FLAGS, "-o", str(partial), str(source)]
+    command = [cc, *FLAGS, f"-I{SOURCE_DIR}", "-o", str(partial), str(source)]
     logger.info("slotwise_cpu: building %s (%s)", source.name, " ".join(command))
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=300)

@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 
 import torch
 
-from slotwise_cpu.native import KernelBuildError, load
-
-logger = logging.getLogger("slotwise")
+from slotwise_cpu.native import kernel_function
 
 #: The kernel's dtype codes.
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -36,17 +33,7 @@ _STATUS = {
 @functools.cache
 def kernel() -> ctypes._CFuncPtr | None:
     """The C function, or None (with one warning saying why) when it cannot be built."""
-    try:
-        library = load("paged_decode")
-    except KernelBuildError as exc:
-        logger.warning(
-            "slotwise_cpu: decode attention gathers each request's cache blocks into a "
-            "dense copy (slower for long contexts) because its kernel is unavailable: %s",
-            exc,
-        )
-        return None
-    function = library.slotwise_paged_decode
-    function.argtypes = [
+    argtypes = [
         _PTR, _I64, _I64,  # q, its strides
         _PTR, _PTR, _I64,  # key and value cache, their blocks
         _PTR, _I64, _I64,  # block table, its row stride and width
@@ -57,8 +44,13 @@ def kernel() -> ctypes._CFuncPtr | None:
         _PTR, _I64, _PTR, _I64,  # new keys and values, their row strides
         _PTR, _I64,  # their slots, their count
     ]  # fmt: skip
-    function.restype = ctypes.c_int
-    return function
+    return kernel_function(
+        "paged_decode",
+        "slotwise_paged_decode",
+        argtypes,
+        "decode attention gathers each request's cache blocks into a dense copy (slower for "
+        "long contexts)",
+    )
 
 
 def supports(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:

@@ -28,44 +28,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "scalars.h"
+
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
 
-enum { DTYPE_FLOAT32 = 0, DTYPE_BFLOAT16 = 1, DTYPE_FLOAT16 = 2 };
 enum { STATUS_OK = 0, STATUS_BAD_ARGUMENT = 1, STATUS_BAD_BLOCK = 2, STATUS_NO_MEMORY = 3 };
 /* Tokens per partition (one work item) and per tile (one rescaling of the softmax). */
 enum { PARTITION = 256, TILE = 16 };
-
-static inline float bf16_to_float(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline uint16_t float_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* NaN */
-    bits += 0x7fffu + ((bits >> 16) & 1u); /* round to nearest even, as torch does */
-    return (uint16_t)(bits >> 16);
-}
-
-static inline float load_scalar(const void *p, int64_t i, int dtype) {
-    if (dtype == DTYPE_FLOAT32) return ((const float *)p)[i];
-    if (dtype == DTYPE_BFLOAT16) return bf16_to_float(((const uint16_t *)p)[i]);
-    return (float)((const _Float16 *)p)[i];
-}
-
-static inline void store_scalar(void *p, int64_t i, float value, int dtype) {
-    if (dtype == DTYPE_FLOAT32)
-        ((float *)p)[i] = value;
-    else if (dtype == DTYPE_BFLOAT16)
-        ((uint16_t *)p)[i] = float_to_bf16(value);
-    else
-        ((_Float16 *)p)[i] = (_Float16)value;
-}
 
 /* Where element d of a head lives in the float32 query and accumulator rows.  bfloat16
  * rows of a multiple of 32 elements are kept "paired" under AVX-512: each 32 elements
