@@ -124,11 +124,7 @@ class CompiledPiecewiseBackend(AbstractPiecewiseBackend):
 
     def __init__(self, graph: torch.fx.GraphModule, config: CompilationConfig, **kwargs: Any):
         super().__init__(graph, config, **kwargs)
-        # Compiled code the dispatcher cannot see (Inductor's) is recorded as one step
-        # when a RecordedGraph captures it; plain FX code is recorded op by op.
-        self.general: Callable[..., Any] = through_recorder(
-            self.compile_cache.compile(graph, kwargs["example_inputs"], runtime_shape=None)
-        )
+        self.general = self._compile(kwargs["example_inputs"], runtime_shape=None)
         self.compile_sizes = frozenset(config.compile_sizes)
         self.by_size: dict[int, Callable[..., Any]] = {}
 
@@ -141,11 +137,16 @@ class CompiledPiecewiseBackend(AbstractPiecewiseBackend):
             with compile_lock:
                 compiled = self.by_size.get(size)
                 if compiled is None:
-                    compiled = through_recorder(
-                        self.compile_cache.compile(self.graph, list(args), runtime_shape=size)
-                    )
+                    compiled = self._compile(list(args), runtime_shape=size)
                     self.by_size[size] = compiled
         return compiled
+
+    def _compile(self, inputs: Sequence[Any], runtime_shape: int | None) -> Callable[..., Any]:
+        """The piece compiled through the cache.  Compiled code the dispatcher cannot see
+        (Inductor's) is recorded as one step when a RecordedGraph captures it; plain FX
+        code is recorded op by op."""
+        compiled = self.compile_cache.compile(self.graph, inputs, runtime_shape=runtime_shape)
+        return through_recorder(compiled)
 
     def __call__(self, *args: Any) -> Any:
         if not self.compile_sizes:
