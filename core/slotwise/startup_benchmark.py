@@ -23,7 +23,13 @@ from typing import Any
 
 PHASES = ("imports", "platform", "model", "dynamo", "compile_or_load", "capture", "first_step")
 #: What each child counts besides time: files in its caches at start, then its compiles.
-COUNTS = ("cached_files_at_start", "inductor_compiles", "cache_hits", "cache_misses")
+COUNTS = (
+    "dynamo_imported",
+    "cached_files_at_start",
+    "inductor_compiles",
+    "cache_hits",
+    "cache_misses",
+)
 VARIANTS = ("eager", "cold", "warm")
 PROMPT = [1, 5, 9, 3, 7, 2, 8, 4]
 
@@ -119,12 +125,15 @@ def _child_main(variant: str, model: str, config_json: str, cache_dir: str, laye
 
     import torch
 
-    from slotwise.compilation import counters, dynamo_backends
+    from slotwise.compilation import counters
     from slotwise.compilation.config import CompilationConfig
     from slotwise.decode_benchmark import build_model
     from slotwise.models.llama import PRESETS, build_llama
     from slotwise.runner.model_runner import ModelRunner
 
+    if variant != "eager":
+        # What compiling imports (Dynamo among it), which an eager start never loads.
+        from slotwise.compilation import dynamo_backends
     lap("imports")
     from slotwise.platforms import get_current_platform
 
@@ -149,17 +158,18 @@ def _child_main(variant: str, model: str, config_json: str, cache_dir: str, laye
     runner = ModelRunner(built, num_blocks=8)
     lap("model")
     backend_seconds = 0.0
-    build = dynamo_backends.TraceOnceBackend.build
+    if variant != "eager":
+        build = dynamo_backends.TraceOnceBackend.build
 
-    def timed_build(self: Any, graph: Any, example_inputs: list[Any]) -> Any:
-        nonlocal backend_seconds
-        started = time.perf_counter()
-        try:
-            return build(self, graph, example_inputs)
-        finally:
-            backend_seconds += time.perf_counter() - started
+        def timed_build(self: Any, graph: Any, example_inputs: list[Any]) -> Any:
+            nonlocal backend_seconds
+            started = time.perf_counter()
+            try:
+                return build(self, graph, example_inputs)
+            finally:
+                backend_seconds += time.perf_counter() - started
 
-    dynamo_backends.TraceOnceBackend.build = timed_build  # type: ignore[method-assign]
+        dynamo_backends.TraceOnceBackend.build = timed_build  # type: ignore[method-assign]
     tokens = runner.generate([PROMPT], 1)
     first_token_at = time.time()
     first_call = time.perf_counter() - mark
@@ -170,6 +180,7 @@ def _child_main(variant: str, model: str, config_json: str, cache_dir: str, laye
     runner.capture(progress=False)
     lap("capture")
     counts = {
+        "dynamo_imported": int("torch._dynamo" in sys.modules),
         "cached_files_at_start": cached_files,
         "inductor_compiles": counters.num_inductor_compiles,
         "cache_hits": counters.num_cache_hits,

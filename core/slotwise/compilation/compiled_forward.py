@@ -7,20 +7,22 @@ import inspect
 import logging
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch._dynamo.decorators import mark_unbacked
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.compile_lock import compile_lock
 from slotwise.compilation.config import CompilationConfig, CompilationLevel
-from slotwise.compilation.dynamo_backends import TraceOnceBackend, as_is_backend
 from slotwise.compilation.platform_defaults import apply_platform_defaults
-from slotwise.compilation.warm_start import WarmStartStore, warm_start_enabled
 from slotwise.errors import SlotwiseError
 from slotwise.platforms import Platform, get_current_platform
+
+if TYPE_CHECKING:
+    # Imported where first needed: they import Dynamo (over a second of start-up), which
+    # an eager model never runs.
+    from slotwise.compilation.dynamo_backends import TraceOnceBackend
+    from slotwise.compilation.warm_start import WarmStartStore
 
 logger = logging.getLogger("slotwise")
 
@@ -120,6 +122,9 @@ class CompiledForward:
         self.compiled: Callable[..., Any] | None = None
 
     def _backend(self) -> TraceOnceBackend:
+        from slotwise.compilation.dynamo_backends import TraceOnceBackend
+        from slotwise.compilation.warm_start import WarmStartStore, warm_start_enabled
+
         cls = type(self.module)
         backend = TraceOnceBackend(
             self.config,
@@ -140,6 +145,8 @@ class CompiledForward:
         return backend
 
     def _compile(self, backend: TraceOnceBackend | None) -> Callable[..., Any]:
+        from slotwise.compilation.dynamo_backends import as_is_backend
+
         bound = types.MethodType(_fresh_function(self.forward), self.module)
         if backend is None:
             return torch.compile(bound, backend=as_is_backend(self.config))
@@ -156,6 +163,8 @@ class CompiledForward:
         them without the first call's value, so a trace made from a first call of size
         0, 1 or 2 is as general as one made from any other size. ``strict`` turns a
         model that forces a specialisation into an error instead of a one-size graph."""
+        from torch._dynamo.decorators import mark_unbacked
+
         bound = self.signature.bind(self.module, *args, **kwargs)
         for name, dims in self.dynamic_arg_dims.items():
             value = bound.arguments.get(name)
@@ -214,6 +223,8 @@ class SizeSpecializationError(SlotwiseError, RuntimeError):
 
 def _depends_on_dynamic_size(err: BaseException) -> bool:
     """Whether Dynamo failed because the code branched on an unbacked (dynamic) size."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
     causes = (err.__cause__, err.__context__)
     return any(isinstance(cause, GuardOnDataDependentSymNode) for cause in causes)
 

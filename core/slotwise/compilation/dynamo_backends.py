@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.fx
-from torch._dynamo.backends.registry import lookup_backend
-from torch.fx.experimental.proxy_tensor import enable_python_dispatcher
 from tqdm import tqdm
 
 from slotwise.compilation.compile_cache import CompileCache
@@ -38,6 +35,8 @@ DynamoBackend = Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]
 def as_is_backend(config: CompilationConfig) -> DynamoBackend:
     """Level 1: plain torch.compile with the configured compiler; Dynamo guards as usual."""
     if config.backend in ("eager", "inductor"):
+        from torch._dynamo.backends.registry import lookup_backend
+
         compile_graph = lookup_backend(config.backend)
     else:
         compiler = make_compiler(config.backend, config)
@@ -108,7 +107,7 @@ class TraceOnceBackend:
         """The runnable model for one Dynamo graph, or one loaded from a warm-start entry."""
         cache = self._new_cache()
         if self.split:
-            compiled = self._split(graph, example_inputs, cache)
+            compiled = self._split(graph, cache)
         else:
             compiled = CompiledPiecewiseBackend(
                 graph,
@@ -133,9 +132,7 @@ class TraceOnceBackend:
             )
         return compiled
 
-    def _split(
-        self, graph: torch.fx.GraphModule, example_inputs: list[Any], cache: CompileCache
-    ) -> torch.fx.GraphModule:
+    def _split(self, graph: torch.fx.GraphModule, cache: CompileCache) -> torch.fx.GraphModule:
         split, pieces = split_graph(graph, self.config.resolved_splitting_ops)
         capturable = [piece.name for piece in pieces if piece.is_capturable]
         counters.bump("num_piecewise_graphs_seen", len(pieces))
@@ -157,7 +154,7 @@ class TraceOnceBackend:
             return backend
 
         with progress:
-            _install_piece_backends(split, set(capturable), make_backend, example_inputs)
+            _install_piece_backends(split, capturable, make_backend)
         for piece in pieces:
             if piece.is_splitting:
                 # Call the splitting piece's code directly, not through nn.Module.__call__:
@@ -166,36 +163,24 @@ class TraceOnceBackend:
         return split
 
 
-class _PieceBackendInstaller(torch.fx.Interpreter):
-    """Runs the split graph on the fake example inputs so that every capturable piece
-    sees its own inputs, and swaps the piece for its backend."""
-
-    def __init__(
-        self,
-        split: torch.fx.GraphModule,
-        capturable: set[str],
-        make_backend: Callable[[str, Sequence[Any]], Any],
-    ) -> None:
-        super().__init__(split)
-        self.capturable = capturable
-        self.make_backend = make_backend
-
-    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
-        output = super().call_module(target, args, kwargs)
-        if target in self.capturable:
-            # The generated code calls self.<name>(...): an instance attribute takes
-            # precedence over the registered submodule of the same name.
-            self.module.__dict__[target] = self.make_backend(target, args)
-        return output
-
-
 def _install_piece_backends(
     split: torch.fx.GraphModule,
-    capturable: set[str],
+    capturable: list[str],
     make_backend: Callable[[str, Sequence[Any]], Any],
-    example_inputs: list[Any],
 ) -> None:
-    fake_inputs = traced_inputs(example_inputs)
-    fake_mode = torch._guards.detect_fake_mode(fake_inputs) or contextlib.nullcontext()
-    with fake_mode, enable_python_dispatcher():
-        _PieceBackendInstaller(split, capturable, make_backend).run(*fake_inputs)
+    """Swap every capturable piece for its backend, built with the piece's inputs as
+    traced: the fake values the split copied from the traced graph onto the piece's
+    placeholders (Dynamo's own, or on a warm start the ones propagated once on load)."""
+    for name in capturable:
+        piece = getattr(split, name)
+        inputs = []
+        for node in piece.graph.find_nodes(op="placeholder"):
+            if "example_value" not in node.meta:
+                raise RuntimeError(
+                    f"input {node.name} of piece {name} has no traced value; the graph "
+                    "handed to the backend lacks Dynamo's node metadata"
+                )
+            inputs.append(node.meta["example_value"])
+        # The generated code calls self.<name>(...): an instance attribute takes
+        # precedence over the registered submodule of the same name.
+        split.__dict__[name] = make_backend(name, inputs)

@@ -402,7 +402,8 @@ class _MetaPropagator(fx.Interpreter):
 
 
 def _propagate_meta(graph: fx.GraphModule, inputs: list[Any], fake_mode: Any) -> None:
-    """Give every node the fake ``example_value`` Dynamo's trace gave it."""
+    """Give every node the fake ``example_value`` Dynamo's trace gave it: the split
+    copies them onto the pieces' inputs, which the piecewise backends are built from."""
     from torch.fx.experimental.proxy_tensor import enable_python_dispatcher
 
     with fake_mode, enable_python_dispatcher():

@@ -349,8 +349,9 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_start = min(self.tp_rank * self.num_embeddings_per_partition, num_embeddings)
         self.vocab_end = min(self.vocab_start + self.num_embeddings_per_partition, num_embeddings)
         weight = torch.empty(self.num_embeddings_per_partition, embedding_dim, dtype=params_dtype)
-        weight.normal_()  # nn.Embedding's initial distribution
-        weight[self.vocab_end - self.vocab_start :] = 0
+        if not weight.is_meta:  # a model built on meta is given its weights later
+            weight.normal_()  # nn.Embedding's initial distribution
+            weight[self.vocab_end - self.vocab_start :] = 0
         self.weight = nn.Parameter(weight)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -69,7 +69,13 @@ class RotaryEmbedding(CustomOp):
         self.base = base
         self.is_neox_style = is_neox_style
         self.scaling = scaling
-        self.register_buffer("cos_sin_cache", self.compute_cos_sin_cache(), persistent=False)
+        if torch.empty(0).is_meta:
+            # Built on meta: only the shape is needed now (torch's meta kernels for the
+            # table would import Dynamo, a second of start-up); it is computed with memory.
+            table = torch.empty(max_position, head_size, dtype=torch.float32)
+        else:
+            table = self.compute_cos_sin_cache()
+        self.register_buffer("cos_sin_cache", table, persistent=False)
 
     def compute_cos_sin_cache(self) -> torch.Tensor:
         """The table of every position's angles, in float32 on the current default device.

@@ -319,8 +319,10 @@ class LlamaForCausalLM(nn.Module):
         )
         with set_compilation_config(compilation), torch.device("meta"), _default_dtype(dtype):
             model = cls(config, prefix=prefix)
-        model.to_empty(device=device)
-        model.tie_weights()  # to_empty gives each module its own new parameter
+        # to_empty's empty_like on meta tensors runs torch's Python reference kernels,
+        # whose first use imports sympy (0.4 s of start-up); a plain empty does not.
+        model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+        model.tie_weights()  # each module was given its own new parameter
         with torch.no_grad():
             for module in model.modules():
                 if isinstance(module, RotaryEmbedding):

@@ -14,7 +14,6 @@ Rules for subclasses:
 from __future__ import annotations
 
 import logging
-import random
 import warnings
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -114,6 +113,8 @@ class Platform:
 
     def seed_everything(self, seed: int, **kwargs: Any) -> None:
         """Seed Python, NumPy (if installed) and torch; override to seed a vendor RNG too."""
+        import random
+
         import torch
 
         random.seed(seed)

@@ -1,0 +1,46 @@
+"""An eager model never loads the compiler stack: Dynamo, Inductor and sympy cost an eager
+start over a second of imports, so they load only when a model is compiled."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+COMPILER_MODULES = ("torch._dynamo", "torch._inductor", "sympy")
+
+_GENERATE = """
+import json, sys
+import torch
+from slotwise.models.llama import build_llama
+from slotwise.runner.model_runner import ModelRunner
+
+runner = ModelRunner(build_llama("tiny", compilation_config={level}), num_blocks=8)
+tokens = runner.generate([[1, 5, 9, 3]], 2)
+print(json.dumps({{"tokens": tokens, "loaded": [m for m in {modules!r} if m in sys.modules]}}))
+"""
+
+
+def _run(level: int) -> dict:
+    code = _GENERATE.format(level=level, modules=COMPILER_MODULES)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_an_eager_model_builds_and_generates_without_the_compiler_stack():
+    report = _run(level=0)
+    assert len(report["tokens"][0]) == 2
+    assert report["loaded"] == []
+
+
+@pytest.mark.slow
+def test_a_compiled_model_loads_dynamo_and_gives_the_eager_tokens():
+    # The lazy imports must still be there when compiling: same tokens as eager.
+    eager, compiled = _run(level=0), _run(level=3)
+    assert "torch._dynamo" in compiled["loaded"]
+    assert compiled["tokens"] == eager["tokens"]
