@@ -64,8 +64,13 @@ def run_startup_benchmark(
 def _child(
     variant: str, model: str, layers: int | None, config_json: str, folder: str
 ) -> dict[str, float]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLOTWISE_")}
-    env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(folder, "inductor")
+    # Without TORCHINDUCTOR_CACHE_DIR, as users run by default: slotwise keeps Inductor's
+    # cache inside its own, which is the round's folder, empty for the cold child.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SLOTWISE_") and k != "TORCHINDUCTOR_CACHE_DIR"
+    }
     command = [sys.executable, "-m", "slotwise.startup_benchmark", variant, model, config_json]
     command += [os.path.join(folder, "slotwise"), str(layers or "")]
     start = time.time()
@@ -113,7 +118,7 @@ def render(result: dict[str, Any]) -> str:
 
 def _child_main(variant: str, model: str, config_json: str, cache_dir: str, layers: str) -> None:
     """One timed start: phases measured here, the total by the parent from spawn time."""
-    cached_files = _files_under(cache_dir, os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    cached_files = _files_under(cache_dir)
     phases = dict.fromkeys(PHASES, 0.0)
     mark = time.perf_counter()
 

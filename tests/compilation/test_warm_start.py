@@ -4,6 +4,7 @@ gives the cold run's outputs; anything that could change the trace makes it trac
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -22,17 +23,18 @@ SCRIPT = textwrap.dedent(
     logging.basicConfig(level=logging.INFO)
     if sys.argv[4] != "-":
         torch.__version__ = sys.argv[4]  # simulate another torch release
-    import torch._dynamo.convert_frame as convert_frame
     from torch import nn
     from slotwise.compilation import CompilationConfig, counters, support_torch_compile
     from slotwise.testing.toy_models import TOY_SPLITTING_OPS, attend
 
     traces = []
-    trace_frame = convert_frame.trace_frame
-    def counting_trace_frame(*args, **kwargs):
-        traces.append(1)
-        return trace_frame(*args, **kwargs)
-    convert_frame.trace_frame = counting_trace_frame
+    if sys.argv[5] == "count-traces":  # imports Dynamo before slotwise compiles anything
+        import torch._dynamo.convert_frame as convert_frame
+        trace_frame = convert_frame.trace_frame
+        def counting_trace_frame(*args, **kwargs):
+            traces.append(1)
+            return trace_frame(*args, **kwargs)
+        convert_frame.trace_frame = counting_trace_frame
 
     @support_torch_compile
     class Model(nn.Module):
@@ -61,7 +63,15 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def run(tmp_path: Path, scale="2", compile_sizes="[]", layers="3", torch_version="-") -> dict:
+def run(
+    tmp_path: Path,
+    scale="2",
+    compile_sizes="[]",
+    layers="3",
+    torch_version="-",
+    env: dict[str, str] | None = None,
+    count_traces: bool = True,
+) -> dict:
     script = tmp_path / f"model_{scale}.py"
     script.write_text(SCRIPT.replace("SCALE", scale))
     result = subprocess.run(
@@ -72,11 +82,12 @@ def run(tmp_path: Path, scale="2", compile_sizes="[]", layers="3", torch_version
             compile_sizes,
             layers,
             torch_version,
+            "count-traces" if count_traces else "-",
         ],
         capture_output=True,
         text=True,
         timeout=900,
-        env=clean_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor")),
+        env=env or clean_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor")),
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
@@ -121,6 +132,30 @@ def test_warm_process_runs_no_dynamo_trace_and_gives_the_cold_outputs(tmp_path):
     assert "rebuilt from its saved trace" in warm["log"]
 
 
+def test_a_warm_start_after_the_temporary_folder_was_emptied_compiles_no_kernel(tmp_path):
+    # Inductor's default cache is under the system's temporary folder, which a reboot
+    # empties; slotwise keeps it in its own cache unless TORCHINDUCTOR_CACHE_DIR is set.
+    system_tmp = tmp_path / "system-tmp"
+
+    def environment() -> dict[str, str]:
+        system_tmp.mkdir(exist_ok=True)
+        env = clean_env(TMPDIR=str(system_tmp))
+        env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        return env
+
+    # As a user's script: nothing imports Dynamo before slotwise compiles.
+    cold = run(tmp_path, env=environment(), count_traces=False)
+    kernels = sorted(path.name for path in (tmp_path / "cache").rglob("*.so"))
+    assert kernels, "Inductor's compiled kernels are not in slotwise's cache folder"
+    shutil.rmtree(system_tmp)  # the reboot
+    warm = run(tmp_path, env=environment(), count_traces=False)
+    assert warm["counters"]["num_graphs_seen"] == 0, warm["log"]  # no Dynamo trace
+    assert warm["counters"]["num_inductor_compiles"] == 0
+    assert warm["out"] == cold["out"]
+    assert sorted(path.name for path in (tmp_path / "cache").rglob("*.so")) == kernels
+    assert not list(system_tmp.rglob("*.so")), "kernels were compiled again"
+
+
 def test_every_change_that_could_alter_the_trace_traces_again(tmp_path):
     run(tmp_path)  # fills the caches
     for changed, kwargs in (
@@ -150,7 +185,7 @@ def test_switched_off_by_the_environment(tmp_path):
     run(tmp_path)
     script = tmp_path / "model_2.py"
     result = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "cache"), "[]", "3", "-"],
+        [sys.executable, str(script), str(tmp_path / "cache"), "[]", "3", "-", "count-traces"],
         capture_output=True,
         text=True,
         timeout=900,

@@ -14,6 +14,7 @@ import torch
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.compile_lock import compile_lock
 from slotwise.compilation.config import CompilationConfig, CompilationLevel
+from slotwise.compilation.inductor_cache_dir import place_inductor_cache
 from slotwise.compilation.platform_defaults import apply_platform_defaults
 from slotwise.errors import SlotwiseError
 from slotwise.platforms import Platform, get_current_platform
@@ -185,6 +186,9 @@ class CompiledForward:
         counters.bump("num_models_seen")
         backend = None
         if self.config.level >= CompilationLevel.DYNAMO_ONCE:
+            if self.config.cache_enabled:
+                # Before Dynamo is imported: that fixes Inductor's folder for the process.
+                place_inductor_cache(self.config.resolved_cache_dir)
             backend = self._backend()
             if backend.warm_start is not None:
                 loaded = backend.warm_start.load(args, kwargs, backend.build)
