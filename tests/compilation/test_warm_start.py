@@ -156,6 +156,21 @@ def test_a_warm_start_after_the_temporary_folder_was_emptied_compiles_no_kernel(
     assert not list(system_tmp.rglob("*.so")), "kernels were compiled again"
 
 
+@pytest.mark.skipif(
+    torch.backends.cpu.get_cpu_capability() != "AVX512", reason="needs a CPU with AVX-512"
+)
+def test_pieces_compiled_for_another_vector_isa_are_not_loaded(tmp_path):
+    # A cache shared between machines (a home folder on NFS) or copied to another one:
+    # Inductor's AVX-512 code loaded where AVX2 is picked computes wrong numbers.
+    # Inductor's cache where slotwise puts it by default (Inductor's own keys ignore the ISA).
+    env = clean_env()
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    run(tmp_path, env=env, count_traces=False)
+    elsewhere = run(tmp_path, env={**env, "ATEN_CPU_CAPABILITY": "avx2"}, count_traces=False)
+    assert elsewhere["counters"]["num_inductor_compiles"] > 0  # compiled for this CPU
+    assert_outputs(elsewhere)
+
+
 def test_every_change_that_could_alter_the_trace_traces_again(tmp_path):
     run(tmp_path)  # fills the caches
     for changed, kwargs in (

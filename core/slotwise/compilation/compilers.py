@@ -25,6 +25,7 @@ from torch.utils import _pytree as pytree
 
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.config import CompilationConfig, ConfigError
+from slotwise.compilation.hardware_identity import gpu_identity
 from slotwise.compilation.isa_probe_cache import install_isa_probe_cache
 from slotwise.compilation.traced_inputs import traced_inputs
 from slotwise.import_path import resolve_import_path
@@ -138,9 +139,22 @@ class InductorCompiler(Compiler):
             "python": list(sys.version_info[:2]),
             "machine": platform.machine(),
             "options": self.options,
+            # Inductor specialises its code to the hardware it compiles on, and a cache
+            # may be shared (a home folder on NFS) or copied: a piece written for AVX-512
+            # and loaded where AVX2 is picked computes wrong numbers, silently.
+            "cpu_vector_isa": self._cpu_vector_isa(),
+            "gpu": gpu_identity(),
         }
         canonical = json.dumps(factors, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+    def _cpu_vector_isa(self) -> str:
+        """The vector ISA Inductor's C++ code is written for here (``ATEN_CPU_CAPABILITY``
+        and the ``cpp.simdlen`` option choose among those the CPU runs)."""
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+        with torch._inductor.config.patch(self.options):
+            return str(pick_vec_isa())
 
     def compile(
         self, graph: fx.GraphModule, example_inputs: Sequence[Any], *, runtime_shape: int | None

@@ -9,16 +9,25 @@ stays; every "warm" start after that would be a slow one. So, as vLLM does with 
 cache, slotwise points Inductor at ``<cache root>/inductor`` (private like the rest of its
 cache) before Inductor first runs in the process, unless ``TORCHINDUCTOR_CACHE_DIR`` is
 set: a folder the user chose is kept.
+
+Inductor's own cache keys its generated code on the graph and its settings, not on the
+CPU's vector ISA, which was harmless in a folder no other machine sees. A cache root
+under the home folder may be shared by machines (a network home), so each kind of
+machine gets its own folder, named by a hash of the CPU, ``ATEN_CPU_CAPABILITY`` and
+the GPUs (:mod:`slotwise.compilation.hardware_identity`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import sys
 import tempfile
 
 from slotwise.cache_permissions import make_private_directories, untrusted_directory
+from slotwise.compilation.hardware_identity import cpu_identity, gpu_identity
 
 logger = logging.getLogger("slotwise")
 
@@ -27,8 +36,9 @@ INDUCTOR_FOLDER = "inductor"
 
 
 def place_inductor_cache(cache_root: str) -> str | None:
-    """Point Inductor's cache at ``cache_root/inductor`` unless ``TORCHINDUCTOR_CACHE_DIR``
-    is set; returns the folder Inductor will use, None when it keeps its default.
+    """Point Inductor's cache at ``cache_root/inductor/<machine>`` unless
+    ``TORCHINDUCTOR_CACHE_DIR`` is set; the folder Inductor will use, None when it keeps
+    its default.
 
     Inductor reads the variable each time it needs its folder, and sets it to its default
     the first time (importing Dynamo does): so this must run before Dynamo is imported,
@@ -47,8 +57,9 @@ def place_inductor_cache(cache_root: str) -> str | None:
         else:
             logger.debug("Inductor's cache stays in %s (%s is set)", chosen, INDUCTOR_CACHE_ENV)
         return chosen
-    folder = os.path.join(os.path.abspath(os.path.expanduser(cache_root)), INDUCTOR_FOLDER)
-    reason = untrusted_directory(folder, os.path.dirname(folder))
+    root = os.path.abspath(os.path.expanduser(cache_root))
+    folder = os.path.join(root, INDUCTOR_FOLDER, _machine_key())
+    reason = untrusted_directory(folder, root)
     if reason is None:
         try:
             make_private_directories(folder)
@@ -75,3 +86,10 @@ def place_inductor_cache(cache_root: str) -> str | None:
 def _under_temporary_folder(path: str) -> bool:
     temporary = os.path.abspath(tempfile.gettempdir())
     return os.path.commonpath([os.path.abspath(path), temporary]) == temporary
+
+
+def _machine_key() -> str:
+    described = json.dumps(
+        [cpu_identity(), os.environ.get("ATEN_CPU_CAPABILITY", ""), gpu_identity()]
+    )
+    return hashlib.sha256(described.encode("utf-8")).hexdigest()[:16]

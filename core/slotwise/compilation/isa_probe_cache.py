@@ -27,6 +27,7 @@ from slotwise.cache_permissions import (
     untrusted_directory,
     write_atomically,
 )
+from slotwise.compilation.hardware_identity import cpu_identity
 
 logger = logging.getLogger("slotwise")
 
@@ -83,26 +84,10 @@ def _probe_key(isa: str, library: str) -> str:
         "torch_git": torch.version.git_version,
         "torch_lib": os.path.join(os.path.dirname(torch.__file__), "lib"),
         "machine": platform.machine(),
-        "cpu": _cpu_flags(),
+        "cpu": cpu_identity(),
     }
     canonical = json.dumps(factors, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
-
-
-@functools.cache
-def _cpu_flags() -> str:
-    """The CPU's model and feature flags, so a cache folder shared with another machine
-    (a network home) never answers for a CPU it was not measured on."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as file:
-            lines = [
-                line.strip()
-                for line in file
-                if line.startswith(("model name", "flags", "Features", "cpu model"))
-            ]
-    except OSError:
-        lines = []
-    return hashlib.sha256("\n".join(sorted(set(lines))).encode("utf-8")).hexdigest()
 
 
 def _read_answer(path: str, folder: str) -> bool | None:
