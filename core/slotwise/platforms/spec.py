@@ -6,15 +6,12 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
 from slotwise.import_path import check_import_path
+from slotwise.platforms.api_range import ApiRange
 
 #: What a platform name may be: it is also a module suffix and an environment-variable part.
 PLATFORM_NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 
-#: Operators that put a ceiling on the versions a specifier admits.
-_UPPER_BOUNDS = frozenset({"<", "<=", "==", "===", "~="})
 _API_EXAMPLE = "'>=1.0,<2'"
 
 
@@ -51,27 +48,27 @@ class PlatformSpec:
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             raise TypeError(f"PlatformSpec.priority for {self.name!r} must be an int")
         if isinstance(self.requires_api, str) and not self.requires_api.strip():
-            # An empty SpecifierSet admits every version, API 2, 3... included.
+            # An empty specifier admits every version, API 2, 3... included.
             raise ValueError(
                 f"PlatformSpec.requires_api for {self.name!r} is empty, which would claim "
                 f"every slotwise API version; give the range the plugin was written for, "
                 f"such as {_API_EXAMPLE}"
             )
         try:
-            SpecifierSet(self.requires_api)
-        except (InvalidSpecifier, TypeError) as exc:
+            ApiRange(self.requires_api)
+        except (ValueError, TypeError) as exc:  # packaging's InvalidSpecifier is a ValueError
             raise ValueError(
                 f"PlatformSpec.requires_api {self.requires_api!r} for {self.name!r} is not a "
                 f"PEP 440 specifier such as {_API_EXAMPLE}"
             ) from exc
 
     def supports_api(self, api_version: str) -> bool:
-        return SpecifierSet(self.requires_api).contains(api_version, prereleases=True)
+        return ApiRange(self.requires_api).contains(api_version)
 
 
 def api_range_warning(spec: PlatformSpec) -> str:
     """Why ``spec.requires_api`` is risky though valid (it has no upper bound), or ""."""
-    if any(s.operator in _UPPER_BOUNDS for s in SpecifierSet(spec.requires_api)):
+    if ApiRange(spec.requires_api).has_upper_bound:
         return ""
     return (
         f"requires_api {spec.requires_api!r} has no upper bound, so a new major slotwise "

@@ -8,7 +8,6 @@ imports torch at module level: resolving to the CPU platform stays cheap.
 from __future__ import annotations
 
 import os
-import platform as _pyplatform
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,9 @@ class CpuPlatform(Platform):
                     return line.split(":", 1)[1].strip()
         except OSError:
             pass
-        return _pyplatform.processor() or _pyplatform.machine() or "CPU"
+        import platform  # not at module level: its regexes cost resolution 7 ms
+
+        return platform.processor() or platform.machine() or "CPU"
 
     def get_device_capability(self, device_id: int = 0, **kwargs: Any) -> None:
         return None  # compute capabilities are a GPU notion
