@@ -6,7 +6,9 @@ is decided once, at construction:
 
 1. the ``custom_ops`` compilation setting may turn the op off (``-name``,
    ``none``, or the default ``none`` under Inductor at level 3, which fuses the
-   native code better than it calls an opaque kernel): then ``forward_native``;
+   native code better than it calls an opaque kernel; not for an op that runs
+   outside the compiled model, ``inside_compiled_graphs = False``, which Inductor
+   never sees): then ``forward_native``;
 2. a replacement a plugin registered for this op and the current platform
    (hook ``slotwise_register_custom_ops``) wins, without any change to model code;
 3. else ``forward_<platform.custom_op_key>`` if the class defines it, else
@@ -36,7 +38,7 @@ Implementation = Callable[..., Any]
 
 #: The ops slotwise.layers defines: a registration naming one is checked without importing
 #: the layers (they sit above this module); a test keeps the two in step.
-CORE_OP_NAMES = frozenset({"rms_norm", "rotary_embedding", "silu_and_mul"})
+CORE_OP_NAMES = frozenset({"logits", "rms_norm", "rotary_embedding", "silu_and_mul"})
 
 
 class CustomOpError(SlotwiseError, ValueError):
@@ -144,6 +146,9 @@ class CustomOp(nn.Module):
     op_name: ClassVar[str] = ""
     #: Every CustomOp subclass by ``op_name``.
     op_classes: ClassVar[dict[str, type[CustomOp]]] = {}
+    #: False for an op that runs after the compiled model (the LM head): its
+    #: implementation is chosen as with the eager backend, since Inductor never sees it.
+    inside_compiled_graphs: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -169,6 +174,8 @@ class CustomOp(nn.Module):
         config = get_current_compilation_config()
         platform = get_current_platform()
         backend = config.backend or platform.default_compile_backend
+        if not self.inside_compiled_graphs:
+            backend = "eager"
         if not config.custom_op_enabled(self.op_name, resolved_backend=backend):
             return self.forward_native, "native"
         replacement = get_custom_op_registry().lookup(self.op_name, platform.name)

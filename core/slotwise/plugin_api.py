@@ -59,6 +59,7 @@ _EXPORTS: dict[str, str] = {
     "norm_with_residual": "slotwise.layers.layernorm",
     "SiluAndMul": "slotwise.layers.activation",
     "RotaryEmbedding": "slotwise.layers.rotary_embedding",
+    "LogitsHead": "slotwise.layers.logits",
     # distributed
     "Communicator": "slotwise.distributed.communicator",
 }

@@ -367,3 +367,9 @@ def test_the_core_op_catalogue_names_exactly_the_ops_of_slotwise_layers():
         if cls.__module__.startswith("slotwise.layers")
     }
     assert defined == CORE_OP_NAMES
+
+
+def test_the_conformance_suite_checks_every_core_op():
+    from slotwise.testing.conformance.test_custom_ops import BUILDERS
+
+    assert set(BUILDERS) == CORE_OP_NAMES

@@ -1,8 +1,9 @@
 """bfloat16 and float16 decode steps on the CPU against transformers' float32 logits.
 
 Every step runs what a CPU user gets at level 3: the plugin's decode attention kernel
-reading the paged cache, its small-GEMM op for one-row products (bfloat16, float16), the
-norms and rotations in float32, sampling from float32 logits.  The oracle is transformers
+reading the paged cache, its small-GEMM op for products of a few rows (this batch of
+three included) and for the LM head, the norms and rotations in float32, sampling from
+float32 logits.  The oracle is transformers
 in float32 on the same tokens (prompt plus the greedy continuation).
 
 The stated tolerance: bfloat16 keeps 8 significant bits, so each rounding (of every

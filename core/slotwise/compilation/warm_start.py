@@ -253,11 +253,20 @@ class WarmForward:
         self.gather = gather
         self.compiled = compiled
         self.single_output = output == "single"
+        # Every step calls this: a call giving each parameter by position needs no bind.
+        parameters = signature.parameters.values()
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        plain = all(parameter.kind in positional for parameter in parameters)
+        self._names = [parameter.name for parameter in parameters] if plain else None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        bound = self.signature.bind(self.module, *args, **kwargs)
-        bound.apply_defaults()
-        outputs = self.compiled(*self.gather(bound.arguments))
+        if self._names is not None and not kwargs and len(args) + 1 == len(self._names):
+            arguments = dict(zip(self._names, (self.module, *args), strict=True))
+        else:
+            bound = self.signature.bind(self.module, *args, **kwargs)
+            bound.apply_defaults()
+            arguments = bound.arguments
+        outputs = self.compiled(*self.gather(arguments))
         return outputs[0] if self.single_output else tuple(outputs)
 
 

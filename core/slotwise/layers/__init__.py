@@ -6,6 +6,7 @@ for any of them by name.
 
 from slotwise.layers.activation import SiluAndMul
 from slotwise.layers.layernorm import RMSNorm
+from slotwise.layers.logits import LogitsHead
 from slotwise.layers.rotary_embedding import RotaryEmbedding
 
-__all__ = ["RMSNorm", "RotaryEmbedding", "SiluAndMul"]
+__all__ = ["LogitsHead", "RMSNorm", "RotaryEmbedding", "SiluAndMul"]

@@ -32,6 +32,7 @@ from slotwise.distributed.parallel_layers import (
 )
 from slotwise.layers.activation import SiluAndMul
 from slotwise.layers.layernorm import RMSNorm
+from slotwise.layers.logits import LogitsHead
 from slotwise.layers.rotary_embedding import RopeScaling, RotaryEmbedding
 
 if TYPE_CHECKING:
@@ -240,6 +241,7 @@ class LlamaForCausalLM(nn.Module):
         prefix = prefix or f"llama{next(_instance_numbers)}"
         self.model = LlamaModel(config, prefix=prefix)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.logits_head = LogitsHead()
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -250,7 +252,7 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        return self.logits_head(self.lm_head, hidden)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

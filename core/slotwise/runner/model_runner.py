@@ -229,13 +229,17 @@ class ModelRunner:
         metadata = self.metadata_builder.build(
             query_lens, [s.num_cached for s in batch], [s.block_ids for s in batch]
         )
-        hidden = self.execute(
-            input_ids, positions, metadata, uniform_decode=all(q == 1 for q in query_lens)
-        )
-        last = metadata.query_start_loc[1:].long() - 1
+        uniform_decode = all(q == 1 for q in query_lens)
+        hidden = self.execute(input_ids, positions, metadata, uniform_decode=uniform_decode)
         for sequence in batch:
             sequence.num_cached = len(sequence.tokens)
-        logits = self.model.compute_logits(hidden[last])
+        # Decode steps, the common case, skip the gathers: each request's last token is its
+        # only row, and callers mostly keep decodes first already.
+        if not uniform_decode:
+            hidden = hidden[metadata.query_start_loc[1:].long() - 1]
+        logits = self.model.compute_logits(hidden)
+        if order == list(range(len(order))):
+            return logits
         return logits[torch.tensor(order, device=logits.device).argsort()]
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:

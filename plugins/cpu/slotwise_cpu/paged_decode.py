@@ -110,18 +110,17 @@ def _check_layouts(
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
 ) -> None:
     """The layouts the kernel reads through raw pointers; anything else would read
-    the wrong memory rather than fail.  (Block ids, slots and lengths it checks itself.)"""
-    dtype, (_, heads, head_size) = q.dtype, q.shape
-    kv_heads = key_cache.shape[2]
-    rows = [(q, heads), (out, heads)]
-    if new_kv is not None:
-        rows += [(new_kv[0], kv_heads), (new_kv[1], kv_heads)]
+    the wrong memory rather than fail.  (Block ids, slots and lengths it checks itself.)
+
+    Runs for every attention layer and step: one flat chain of tests, cheapest first."""
+    dtype, shape = q.dtype, q.shape
+    heads_contiguous = (shape[2], 1)
+    kv_rows = (key_cache.shape[2], shape[2])
     ok = (
-        all(
-            t.dtype is dtype and t.stride()[1:] == (head_size, 1) and t.shape[1:] == (n, head_size)
-            for t, n in rows
-        )
-        and out.shape[0] == q.shape[0]
+        q.stride()[1:] == heads_contiguous
+        and out.dtype is dtype
+        and out.shape == shape
+        and out.stride()[1:] == heads_contiguous
         and key_cache.dtype is dtype
         and value_cache.dtype is dtype
         and key_cache.shape == value_cache.shape
@@ -131,17 +130,22 @@ def _check_layouts(
         and block_table.stride()[1] == 1
         and seq_lens.dtype is torch.int32
         and seq_lens.is_contiguous()
-        and (
-            new_kv is None
-            or (
-                new_kv[2].dtype is torch.int64
-                and new_kv[2].is_contiguous()
-                and new_kv[0].shape[0] == new_kv[1].shape[0] == new_kv[2].shape[0]
-            )
-        )
         and q.device.type == "cpu"
         and key_cache.device.type == "cpu"
     )
+    if ok and new_kv is not None:
+        keys, values, slots = new_kv
+        ok = (
+            keys.dtype is dtype
+            and values.dtype is dtype
+            and keys.shape[1:] == kv_rows
+            and values.shape[1:] == kv_rows
+            and keys.stride()[1:] == heads_contiguous
+            and values.stride()[1:] == heads_contiguous
+            and slots.dtype is torch.int64
+            and slots.is_contiguous()
+            and keys.shape[0] == values.shape[0] == slots.shape[0]
+        )
     if not ok:
         raise ValueError(
             "paged_decode: needs CPU tensors of one dtype, heads contiguous in q, out and "

@@ -4,8 +4,9 @@ plugin's small-GEMM op.
 Why here: the pieces are where a platform sees the model's matrix products before they
 are compiled, so swapping ``F.linear`` for ``torch.ops.slotwise_cpu.linear`` needs no
 change to model code.  Only products whose weights the kernel takes are swapped (the
-op itself sends prefill-sized calls on to torch), and the piece is then compiled as
-any other, through the compile cache.
+op itself sends prefill-sized calls on to torch), never those of weights that require
+grad (the op has no backward), and the piece is then compiled as any other, through the
+compile cache.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ def route_linear_layers(graph: torch.fx.GraphModule, example_inputs: Sequence[An
             )
         if not isinstance(example, torch.Tensor) or not linear.runs_kernel(example.dtype):
             continue
+        if example.requires_grad:
+            continue  # the op has no backward: a trainable weight stays on F.linear
         node.target = torch.ops.slotwise_cpu.linear.default
         node.args, node.kwargs = (x, weight, bias), {}
         swapped += 1

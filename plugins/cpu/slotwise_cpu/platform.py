@@ -67,7 +67,7 @@ class CpuPlatform(Platform):
         return CpuCommunicator
 
     def get_piecewise_backend_cls(self, **kwargs: Any) -> type | None:
-        """Level-3 pieces whose one-row linear products run the plugin's C kernel; None
+        """Level-3 pieces whose linear products of a few rows run the plugin's C kernel; None
         (slotwise's backend, which captures) for a subclass that adds static graphs."""
         if self.get_graph_api() is not None:
             return None

@@ -1,4 +1,5 @@
-"""Entry point of the CPU plugin: registers the ``cpu`` platform."""
+"""Entry point of the CPU plugin: registers the ``cpu`` platform, its attention backend and
+its replacement of the ``logits`` custom op."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import TYPE_CHECKING
 from slotwise.plugin_api import PlatformSpec, hookimpl
 
 if TYPE_CHECKING:
-    from slotwise.plugin_api import AttentionBackendRegistry
+    from slotwise.plugin_api import AttentionBackendRegistry, CustomOpRegistry
 
 
 def probe() -> bool:
@@ -22,7 +23,7 @@ def slotwise_platforms() -> list[PlatformSpec]:
             platform_cls="slotwise_cpu.platform:CpuPlatform",
             probe=probe,
             priority=0,
-            requires_api=">=1.1,<2",
+            requires_api=">=1.2,<2",  # replaces the logits op, new in 1.2
         )
     ]
 
@@ -30,3 +31,8 @@ def slotwise_platforms() -> list[PlatformSpec]:
 @hookimpl
 def slotwise_register_attention_backends(registry: AttentionBackendRegistry) -> None:
     registry.register_own("slotwise_cpu.attention:CpuSdpaBackend")
+
+
+@hookimpl
+def slotwise_register_custom_ops(registry: CustomOpRegistry) -> None:
+    registry.register_own("logits", "slotwise_cpu.logits:logits")

@@ -17,13 +17,15 @@ import torch
 
 from slotwise.compilation import set_compilation_config
 from slotwise.custom_op import CustomOp, get_custom_op_registry
-from slotwise.layers import RMSNorm, RotaryEmbedding, SiluAndMul
+from slotwise.distributed.parallel_layers import ParallelLMHead
+from slotwise.layers import LogitsHead, RMSNorm, RotaryEmbedding, SiluAndMul
 from slotwise.testing.conformance import target
 
 NUM_TOKENS = 7
 HIDDEN = 64
 HEAD_SIZE = 64
 MAX_POSITION = 128
+VOCAB = 256
 TOLERANCE = 1e-4
 
 
@@ -47,11 +49,20 @@ def rotary_embedding(generator: torch.Generator) -> tuple[CustomOp, list[tuple[A
     return layer, [(positions, query, key)]
 
 
+def logits(generator: torch.Generator) -> tuple[CustomOp, list[tuple[Any, ...]]]:
+    lm_head = ParallelLMHead(VOCAB, HIDDEN)
+    with torch.no_grad():
+        lm_head.weight.copy_(torch.randn(VOCAB, HIDDEN, generator=generator))
+    rows = [torch.randn(n, HIDDEN, generator=generator) for n in (1, 3, NUM_TOKENS)]
+    return LogitsHead(), [(lm_head, hidden) for hidden in rows]
+
+
 #: Each core op by name: builds the layer (on the CPU) and the argument tuples to call it with.
 BUILDERS: dict[str, Callable[[torch.Generator], tuple[CustomOp, list[tuple[Any, ...]]]]] = {
     "rms_norm": rms_norm,
     "silu_and_mul": silu_and_mul,
     "rotary_embedding": rotary_embedding,
+    "logits": logits,
 }
 
 
@@ -74,7 +85,7 @@ def test_custom_op_matches_forward_native(op_name: str) -> None:
         try:
             torch.testing.assert_close(got, expected, atol=TOLERANCE, rtol=TOLERANCE)
         except AssertionError as exc:
-            shapes = ", ".join(str(tuple(a.shape)) for a in args)
+            shapes = ", ".join(str(tuple(a.shape)) for a in args if isinstance(a, torch.Tensor))
             target.fail(
                 f"custom op {op_name!r} ({layer.implementation} implementation) differs from "
                 f"forward_native for arguments of shapes {shapes}: {exc}"

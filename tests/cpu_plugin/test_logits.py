@@ -1,0 +1,50 @@
+"""The CPU plugin's ``logits`` custom op: the LM head's product on the small-GEMM kernel.
+
+Oracles: the product in float64 (the kernel accumulates in float32 and rounds once to
+the weights' dtype, as torch's GEMM does), and ``forward_native`` itself wherever the
+replacement must hand the product to torch.  The replacement is found through the CPU
+plugin's real entry point, as installed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slotwise.compilation.config import CompilationConfig
+from slotwise.models.llama import build_llama
+from slotwise_cpu import linear
+
+
+def tiny(dtype: torch.dtype, **config: object):
+    return build_llama("tiny", dtype=dtype, compilation_config=CompilationConfig(**config))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_lm_head_of_a_level3_model_runs_the_plugin_and_matches_float64(dtype, rows):
+    # Level 3 under Inductor: core ops default to native code there, this one must not.
+    model = tiny(dtype, level=3, backend="inductor")
+    assert model.logits_head.implementation == "plugin"
+    assert linear.runs_kernel(dtype)
+    hidden = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows)).to(dtype)
+    logits = model.compute_logits(hidden)
+    expected = hidden.double() @ model.lm_head.weight.double().T
+    assert logits.dtype == torch.float32 and logits.shape == (rows, 256)
+    ulp = torch.finfo(dtype).eps * expected.abs()
+    assert bool(((logits.double() - expected).abs() <= ulp + 1e-4).all())
+
+
+def test_rows_the_kernel_does_not_take_are_computed_as_the_layer_would():
+    model = tiny(torch.bfloat16, level=0)
+    hidden = torch.randn(linear.KERNEL_DTYPES[torch.bfloat16][1] + 1, 64).bfloat16()
+    assert model.logits_head.implementation == "plugin"
+    assert torch.equal(
+        model.compute_logits(hidden), model.logits_head.forward_native(model.lm_head, hidden)
+    )
+
+
+@pytest.mark.parametrize("setting", ["-logits", "none"])
+def test_custom_ops_settings_still_turn_the_replacement_off(setting):
+    model = tiny(torch.bfloat16, level=3, custom_ops=[setting])
+    assert model.logits_head.implementation == "native"
