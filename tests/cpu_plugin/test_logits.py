@@ -48,3 +48,14 @@ def test_rows_the_kernel_does_not_take_are_computed_as_the_layer_would():
 def test_custom_ops_settings_still_turn_the_replacement_off(setting):
     model = tiny(torch.bfloat16, level=3, custom_ops=[setting])
     assert model.logits_head.implementation == "native"
+
+
+def test_a_trainable_head_keeps_its_gradient():
+    # The kernel has no backward: a head whose weight requires grad runs the native code.
+    model = tiny(torch.float32, level=0)
+    model.lm_head.weight.requires_grad_(True)
+    hidden = torch.randn(1, 64)
+    model.compute_logits(hidden).sum().backward()
+    expected = model.lm_head.weight.detach().clone().requires_grad_()
+    (hidden @ expected.T).sum().backward()
+    torch.testing.assert_close(model.lm_head.weight.grad, expected.grad)
