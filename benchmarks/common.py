@@ -127,3 +127,10 @@ def emit(report: dict[str, Any], markdown: str, as_json: bool) -> None:
         print(json.dumps(report, indent=2))
     else:
         print(markdown, end="")
+
+
+def publish(name: str, report: dict[str, Any], markdown: str, args: argparse.Namespace) -> None:
+    """What every benchmark ends with: ``<name>.json`` and ``<name>.md`` written under
+    ``--out-dir``, then the report printed (``--json`` or Markdown)."""
+    write_outputs(name, report, markdown, args.out_dir)
+    emit(report, markdown, args.json)

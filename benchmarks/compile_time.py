@@ -44,12 +44,11 @@ from common import (
     LOG,
     add_output_args,
     configure_logging,
-    emit,
     environment,
+    publish,
     summary,
     utc_timestamp,
     verdict,
-    write_outputs,
 )
 
 WARM_TARGET = 0.2
@@ -330,8 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     report = build_report(args.repeats)
     markdown = render_markdown(report)
-    write_outputs("compile_time", report, markdown, args.out_dir)
-    emit(report, markdown, args.json)
+    publish("compile_time", report, markdown, args)
     return 0
 
 

@@ -34,10 +34,9 @@ from common import (
     add_dtypes_arg,
     add_output_args,
     configure_logging,
-    emit,
     environment,
+    publish,
     utc_timestamp,
-    write_outputs,
 )
 
 HEADS, KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 8, 4, 64, 16
@@ -182,8 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report = build_report(args)
     markdown = render_markdown(report)
-    write_outputs("cpu_decode_attention", report, markdown, args.out_dir)
-    emit(report, markdown, args.json)
+    publish("cpu_decode_attention", report, markdown, args)
     return 0
 
 

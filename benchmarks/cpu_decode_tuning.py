@@ -38,10 +38,9 @@ from common import (
     add_dtypes_arg,
     add_output_args,
     configure_logging,
-    emit,
     environment,
+    publish,
     utc_timestamp,
-    write_outputs,
 )
 
 PROMPT_LEN = 32
@@ -276,8 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report = build_report(args)
     markdown = render_markdown(report)
-    write_outputs("cpu_decode_tuning", report, markdown, args.out_dir)
-    emit(report, markdown, args.json)
+    publish("cpu_decode_tuning", report, markdown, args)
     return 0
 
 

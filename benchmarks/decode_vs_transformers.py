@@ -41,12 +41,11 @@ from common import (
     add_dtypes_arg,
     add_output_args,
     configure_logging,
-    emit,
     environment,
     package_version,
+    publish,
     utc_timestamp,
     verdict,
-    write_outputs,
 )
 
 from slotwise.stats import percentile
@@ -363,8 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report = build_report(args)
     markdown = render_markdown(report)
-    write_outputs("decode_vs_transformers", report, markdown, args.out_dir)
-    emit(report, markdown, args.json)
+    publish("decode_vs_transformers", report, markdown, args)
     return 0
 
 

@@ -45,12 +45,11 @@ from common import (
     LOG,
     add_output_args,
     configure_logging,
-    emit,
     environment,
+    publish,
     summary,
     utc_timestamp,
     verdict,
-    write_outputs,
 )
 from torch import nn
 
@@ -324,12 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report, profile_text = build_report(args)
     markdown = render_markdown(report)
-    write_outputs("dispatch_overhead", report, markdown, args.out_dir)
+    publish("dispatch_overhead", report, markdown, args)  # creates --out-dir
     if profile_text is not None:
         path = args.out_dir / "dispatch_overhead_profile.txt"
         path.write_text(profile_text)
         LOG.info("wrote %s", path)
-    emit(report, markdown, args.json)
     return 0
 
 

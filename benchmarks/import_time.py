@@ -42,12 +42,11 @@ from common import (
     LOG,
     add_output_args,
     configure_logging,
-    emit,
     environment,
     percentile,
+    publish,
     utc_timestamp,
     verdict,
-    write_outputs,
 )
 
 TARGET_MS = 40.0
@@ -255,8 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report = build_report(args.runs)
     markdown = render_markdown(report)
-    write_outputs("import_time", report, markdown, args.out_dir)
-    emit(report, markdown, args.json)
+    publish("import_time", report, markdown, args)
     return 0
 
 

@@ -40,12 +40,11 @@ from common import (
     LOG,
     add_output_args,
     configure_logging,
-    emit,
     environment,
     package_version,
+    publish,
     utc_timestamp,
     verdict,
-    write_outputs,
 )
 
 TARGET_RATIO = 0.8
@@ -225,8 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report = build_report(args)
     markdown = render_markdown(report)
-    write_outputs("load_throughput", report, markdown, args.out_dir)
-    emit(report, markdown, args.json)
+    publish("load_throughput", report, markdown, args)
     return 0
 
 
