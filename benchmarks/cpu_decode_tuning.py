@@ -9,13 +9,14 @@ Two parts, each interleaved round by round, in one process:
    for float32, oneDNN for bfloat16), the plugin's small-GEMM kernel, and oneDNN's and
    MKL's prepacked linears (which need the weights packed ahead of time: the treatment
    Inductor's freezing gives constant weights).
-2. *Level-3 variants* of the ``small`` preset at batch 1: slotwise's own piecewise
-   backend, the CPU plugin's (one-row products on the small-GEMM op), and the plugin's
-   with each Inductor or config candidate on top: ``cpp_wrapper`` (C++ instead of Python
-   around each piece's kernels), ``max_autotune`` with the CPP GEMM template,
-   ``custom_ops: ["all"]`` (the platform's RMSNorm kernel instead of Inductor's fused
-   code), ``compile_sizes: [1]`` (a static-shape compile for batch 1); and the plugin's
-   at one thread against the run's thread count.
+2. *Level-3 variants* of the ``small`` preset at batch 1: split at attention (as on a
+   platform with static graphs) with slotwise's own piecewise backend and with the CPU
+   plugin's (one-row products on the small-GEMM op); the CPU plugin's default, the model
+   as one graph; and that with each Inductor or config candidate on top: ``cpp_wrapper``
+   (C++ instead of Python around the graph's kernels), ``max_autotune`` with the CPP GEMM
+   template, ``custom_ops: ["all"]`` (the platform's RMSNorm kernel instead of Inductor's
+   fused code), ``compile_sizes: [1]`` (a static-shape compile for batch 1); and the
+   plugin's at one thread against the run's thread count.
 
 Every variant's logits are compared with eager's.  The roofline is the bytes a step
 reads over the probed read bandwidth (``slotwise.decode_benchmark``), at the run's
@@ -44,9 +45,12 @@ from common import (
 )
 
 PROMPT_LEN = 32
+#: Splitting at attention, as slotwise does by default where a platform has static graphs.
+SPLIT = {"splitting_ops": ["slotwise::unified_attention_with_output"]}
 #: name -> (compilation config over level 3, use slotwise's own piecewise backend, threads)
 LEVEL3_VARIANTS: dict[str, tuple[dict[str, Any], bool, int | None]] = {
-    "level3, slotwise's piecewise backend": ({}, True, None),
+    "level3 split, slotwise's piecewise backend": (SPLIT, True, None),
+    "level3 split, CPU plugin": (SPLIT, False, None),
     "level3, CPU plugin": ({}, False, None),
     "+ cpp_wrapper": ({"inductor_config": {"cpp_wrapper": True}}, False, None),
     "+ max_autotune (CPP GEMM template)": (

@@ -162,11 +162,37 @@ def test_layouts_the_kernel_cannot_read_are_refused(kernel):
         paged_decode.paged_decode(
             kernel, heads_last, keys, values, table, lengths, torch.zeros(1, 2, 8), 1.0
         )
-    with pytest.raises(ValueError, match="one dtype"):
+    with pytest.raises(ValueError, match="the caches. dtype"):
         paged_decode.paged_decode(
             kernel, torch.zeros(1, 2, 8, dtype=torch.bfloat16), keys, values, table, lengths,
             torch.zeros(1, 2, 8, dtype=torch.bfloat16), 1.0,
         )  # fmt: skip
+
+
+def test_caches_and_head_sizes_the_kernel_cannot_read_are_refused(kernel):
+    table = torch.tensor([[0, 1]], dtype=torch.int32)
+    lengths = torch.tensor([20], dtype=torch.int32)
+    q = out = torch.zeros(1, 2, 8)
+    heads_first = torch.zeros(4, 2, 16, 8).transpose(1, 2)  # [4, 16, 2, 8], not contiguous
+    with pytest.raises(ValueError, match="contiguous CPU key and value caches"):
+        paged_decode.paged_decode(kernel, q, heads_first, heads_first, table, lengths, out, 1.0)
+    wider = torch.zeros(4, 16, 2, 16)  # head size 16 against the query's 8
+    with pytest.raises(ValueError, match="head size"):
+        paged_decode.paged_decode(kernel, q, wider, wider, table, lengths, out, 1.0)
+
+
+def test_a_layer_checks_each_new_cache_it_is_given(kernel):
+    """The backend checks a cache's layout once, then trusts it: a cache swapped in
+    later (the runner reallocated) must be checked again, not read on trust."""
+    impl = CpuSdpaImpl(2, 8, 1.0, 2)
+    metadata = AttentionMetadataBuilder(16).build([1], [19], [[0, 1]])
+    q, out = torch.randn(1, 2, 8), torch.empty(1, 2, 8)
+    k = v = torch.randn(1, 2, 8)
+    impl.forward(None, q, k, v, torch.zeros(2, 4, 16, 2, 8), metadata, out)
+    assert torch.isfinite(out).all()
+    bad = torch.zeros(2, 4, 2, 16, 8).transpose(2, 3)  # same shape, not contiguous
+    with pytest.raises(ValueError, match="contiguous CPU key and value caches"):
+        impl.forward(None, q, k, v, bad, metadata, out)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from slotwise.attention.ops import UNIFIED_ATTENTION_OP
 from slotwise.compilation import CompilationConfig, counters
 from slotwise.models.llama import PRESETS, build_llama
 from slotwise.runner.model_runner import ModelRunner
@@ -23,13 +24,24 @@ def eager_tokens() -> list[list[int]]:
 
 
 def test_level_three_with_the_eager_compiler_generates_the_eager_tokens(eager_tokens):
+    """The CPU platform compiles the model as one graph (it has no static graphs to
+    split for): the attention op runs inside it, on prefills and decodes alike."""
+    with counters.expect(
+        num_graphs_seen=1, num_piecewise_graphs_seen=1, num_piecewise_capturable_graphs_seen=1
+    ):
+        tokens = generate(CompilationConfig(level=3, backend="eager"))
+    assert tokens == eager_tokens
+
+
+def test_level_three_split_at_attention_generates_the_eager_tokens(eager_tokens):
     layers = PRESETS["tiny"].num_layers
+    split = CompilationConfig(level=3, backend="eager", splitting_ops=[UNIFIED_ATTENTION_OP])
     with counters.expect(
         num_graphs_seen=1,
         num_piecewise_graphs_seen=2 * layers + 1,
         num_piecewise_capturable_graphs_seen=layers + 1,
     ):
-        tokens = generate(CompilationConfig(level=3, backend="eager"))
+        tokens = generate(split)
     assert tokens == eager_tokens
 
 

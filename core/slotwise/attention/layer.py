@@ -8,6 +8,7 @@ layer by name here and the metadata in the forward context.
 
 from __future__ import annotations
 
+import gc
 import weakref
 
 import torch
@@ -27,6 +28,30 @@ def get_attention_layer(name: str) -> Attention:
     except KeyError:
         known = ", ".join(sorted(_layers)) or "none"
         raise KeyError(f"no live Attention layer named {name!r}; known layers: {known}") from None
+
+
+def unused_layer_prefix(stem: str) -> str:
+    """``stem`` with the lowest number (from 0) that no live layer's name starts with.
+
+    Why reuse numbers: a model's attention calls name their layers, and where a platform
+    compiles the model as one graph (the CPU) those names are constants of the compiled
+    graph and so of its cache key.  A model built after the previous one was freed gets
+    the names a fresh process would give it, and with them the compile cache's entries.
+    Compiled models are freed in reference cycles, so garbage is collected once when the
+    first name is taken.
+    """
+
+    def taken() -> set[str]:
+        return {name.split(".", 1)[0] for name in list(_layers.keys())}
+
+    names = taken()
+    if f"{stem}0" in names:
+        gc.collect()
+        names = taken()
+    number = 0
+    while f"{stem}{number}" in names:
+        number += 1
+    return f"{stem}{number}"
 
 
 class Attention(torch.nn.Module):

@@ -12,7 +12,6 @@ model on the meta device first, so no weight is drawn only to be overwritten.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import nn
 
-from slotwise.attention.layer import Attention
+from slotwise.attention.layer import Attention, unused_layer_prefix
 from slotwise.compilation.decorators import support_torch_compile
 from slotwise.distributed.parallel_layers import (
     MergedColumnParallelLinear,
@@ -109,8 +108,6 @@ PRESETS: dict[str, LlamaConfig] = {
         tie_word_embeddings=True,
     ),
 }
-
-_instance_numbers = itertools.count()
 
 
 class LlamaAttention(nn.Module):
@@ -238,7 +235,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         # Attention layers are found by name, so each live model needs its own prefix.
-        prefix = prefix or f"llama{next(_instance_numbers)}"
+        prefix = prefix or unused_layer_prefix("llama")
         self.model = LlamaModel(config, prefix=prefix)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.logits_head = LogitsHead()

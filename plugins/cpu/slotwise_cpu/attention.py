@@ -11,6 +11,9 @@ attention uses SDPA's ``enable_gqa``.
 
 from __future__ import annotations
 
+import weakref
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -39,6 +42,10 @@ class CpuSdpaBackend(AttentionBackend):
 
 
 class CpuSdpaImpl(AttentionImpl):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._checked_cache: weakref.ref[torch.Tensor] | None = None
+
     def forward(
         self,
         layer: Attention,
@@ -54,8 +61,8 @@ class CpuSdpaImpl(AttentionImpl):
         kernel = paged_decode.kernel() if paged_decode.supports(q, kv_cache) else None
         if kernel is not None and num_decodes == num_tokens:
             # Only decodes: the kernel stores the new keys and values itself.
-            key_cache, value_cache = kv_cache.unbind(0)
-            paged_decode.paged_decode(
+            key_cache, value_cache = self._kernel_caches(kv_cache)
+            paged_decode.decode_from_checked_caches(
                 kernel,
                 _rows(q, num_decodes),
                 key_cache,
@@ -136,6 +143,16 @@ class CpuSdpaImpl(AttentionImpl):
             mask = torch.ones(query_len, seq_len, dtype=torch.bool).tril(context_len)
             out = self._sdpa(q.transpose(0, 1), keys, values, attn_mask=mask)
         return out.transpose(0, 1)
+
+    def _kernel_caches(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value halves of this layer's cache, whose layout is checked for the
+        kernel once per cache rather than on every step.  Only a weak reference to the
+        checked cache is kept: holding its halves would keep a freed cache's memory."""
+        key_cache, value_cache = kv_cache.unbind(0)
+        if self._checked_cache is None or self._checked_cache() is not kv_cache:
+            paged_decode.check_caches(key_cache, value_cache)
+            self._checked_cache = weakref.ref(kv_cache)
+        return key_cache, value_cache
 
     def _sdpa(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: object

@@ -77,9 +77,49 @@ def paged_decode(
     block_table: int32 [num_seqs, >= blocks needed]; seq_lens: int32 [num_seqs];
     new keys and values: [num_new, num_kv_heads, head_size], slot_mapping int64 [num_new].
     """
+    check_caches(key_cache, value_cache)
+    decode_from_checked_caches(
+        function, q, key_cache, value_cache, block_table, seq_lens, out, scale, new_kv
+    )
+
+
+def check_caches(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+    """The caches' layout the kernel reads through raw pointers: what
+    ``decode_from_checked_caches`` assumes; a layer checks its caches once."""
+    if not (
+        key_cache.dtype in DTYPE_CODES
+        and value_cache.dtype is key_cache.dtype
+        and key_cache.dim() == 4
+        and key_cache.shape == value_cache.shape
+        and key_cache.is_contiguous()
+        and value_cache.is_contiguous()
+        and key_cache.device.type == "cpu"
+        and value_cache.device.type == "cpu"
+    ):
+        raise ValueError(
+            "paged_decode: needs contiguous CPU key and value caches of one shape "
+            "[num_blocks, block_size, num_kv_heads, head_size] and one dtype of "
+            f"{sorted(map(str, DTYPE_CODES))}; got {key_cache.dtype} "
+            f"{tuple(key_cache.shape)} and {value_cache.dtype} {tuple(value_cache.shape)}"
+        )
+
+
+def decode_from_checked_caches(
+    function: ctypes._CFuncPtr,
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    scale: float,
+    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> None:
+    """``paged_decode`` for caches that passed ``check_caches``: the per-step tensors are
+    still checked on every call (they come from the model and the runner)."""
     num_seqs, num_heads, head_size = q.shape
     num_blocks, block_size, num_kv_heads, _ = key_cache.shape
-    _check_layouts(q, out, key_cache, value_cache, block_table, seq_lens, new_kv)
+    _check_step(q, out, key_cache, block_table, seq_lens, new_kv)
     new_keys, new_values, slots = new_kv if new_kv is not None else (None, None, None)
     status = function(
         q.data_ptr(), q.stride(0), q.stride(1),
@@ -100,16 +140,15 @@ def paged_decode(
         raise ValueError(f"paged_decode: {_STATUS.get(status, f'status {status}')}")
 
 
-def _check_layouts(
+def _check_step(
     q: torch.Tensor,
     out: torch.Tensor,
     key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
     block_table: torch.Tensor,
     seq_lens: torch.Tensor,
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
 ) -> None:
-    """The layouts the kernel reads through raw pointers; anything else would read
+    """The step's layouts the kernel reads through raw pointers; anything else would read
     the wrong memory rather than fail.  (Block ids, slots and lengths it checks itself.)
 
     Runs for every attention layer and step: one flat chain of tests, cheapest first."""
@@ -122,16 +161,12 @@ def _check_layouts(
         and out.shape == shape
         and out.stride()[1:] == heads_contiguous
         and key_cache.dtype is dtype
-        and value_cache.dtype is dtype
-        and key_cache.shape == value_cache.shape
-        and key_cache.is_contiguous()
-        and value_cache.is_contiguous()
+        and key_cache.shape[3] == shape[2]
         and block_table.dtype is torch.int32
         and block_table.stride()[1] == 1
         and seq_lens.dtype is torch.int32
         and seq_lens.is_contiguous()
         and q.device.type == "cpu"
-        and key_cache.device.type == "cpu"
     )
     if ok and new_kv is not None:
         keys, values, slots = new_kv
@@ -148,11 +183,11 @@ def _check_layouts(
         )
     if not ok:
         raise ValueError(
-            "paged_decode: needs CPU tensors of one dtype, heads contiguous in q, out and "
-            "the new keys and values, contiguous caches of one "
-            "shape, an int32 block table with contiguous rows, int32 seq_lens and int64 "
-            f"slots; got q {dtype} {tuple(q.shape)} strides {q.stride()}, out "
-            f"{out.dtype} {tuple(out.shape)} strides {out.stride()}, key cache "
-            f"{key_cache.dtype} {tuple(key_cache.shape)}, block table {block_table.dtype}, "
+            "paged_decode: needs CPU tensors of the caches' dtype and head size, heads "
+            "contiguous in q, out and the new keys and values, an int32 block table with "
+            "contiguous rows, int32 seq_lens and int64 slots; got q "
+            f"{dtype} {tuple(q.shape)} strides {q.stride()}, out {out.dtype} "
+            f"{tuple(out.shape)} strides {out.stride()}, key cache {key_cache.dtype} "
+            f"{tuple(key_cache.shape)}, block table {block_table.dtype}, "
             f"seq_lens {seq_lens.dtype}"
         )

@@ -11,7 +11,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from slotwise.plugin_api import Platform
+from slotwise.plugin_api import CompilationConfig, Platform
+
+#: The level at which slotwise splits graphs (``CompilationLevel.PIECEWISE``).
+_PIECEWISE_LEVEL = 3
 
 
 class CpuPlatform(Platform):
@@ -65,6 +68,24 @@ class CpuPlatform(Platform):
         from slotwise_cpu.communicator import CpuCommunicator
 
         return CpuCommunicator
+
+    def check_and_update_config(self, config: CompilationConfig, **kwargs: Any) -> None:
+        """At level 3, compile each model as one graph unless ``splitting_ops`` is set.
+
+        Splitting at attention exists so that the pieces between attention calls can be
+        captured as static graphs; the CPU has none, so the split would only add a
+        compiled piece's call and its Python wrappers per attention layer and keep
+        Inductor from fusing across them (0.7 ms of a 5 ms batch-1 decode step of the
+        ``small`` preset, docs/benchmarks.md).  The attention op runs inside the graph
+        as an opaque call.  A subclass that adds static graphs keeps the split.
+        """
+        if (
+            config.level == _PIECEWISE_LEVEL
+            and config.splitting_ops is None
+            and not config.use_inductor_graph_partition
+            and self.get_graph_api() is None
+        ):
+            config.splitting_ops = []
 
     def get_piecewise_backend_cls(self, **kwargs: Any) -> type | None:
         """Level-3 pieces whose linear products of a few rows run the plugin's C kernel; None

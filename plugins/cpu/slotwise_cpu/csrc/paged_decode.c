@@ -384,7 +384,10 @@ int slotwise_paged_decode(const void *q, int64_t q_stride_seq, int64_t q_stride_
         first_item[r + 1] = first_item[r] + parts;
     }
     int status = STATUS_OK;
-#pragma omp parallel num_threads(num_threads)
+    /* No more threads than items: waking a thread costs more than a short request's
+     * attention (a batch-1 step of a short context is one item). */
+    const int team = items < num_threads ? (items > 0 ? (int)items : 1) : num_threads;
+#pragma omp parallel num_threads(team) if (team > 1)
     {
         float *scratch = work + items * item_floats + omp_get_thread_num() * scratch_floats;
 #pragma omp for schedule(dynamic, 1)
