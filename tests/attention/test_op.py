@@ -155,27 +155,25 @@ def test_layer_names_are_unique_while_the_layer_lives():
         get_attention_layer("op_test_unique")
 
 
-def test_a_model_built_after_another_died_gets_the_names_a_fresh_process_gives():
+def test_a_model_built_after_another_died_reuses_its_layer_names():
     """Layer names are constants of a whole compiled graph: reusing the lowest free
     number lets a process that built (and dropped) other models first find the compile
     cache entries of a process that built only this one."""
     from slotwise.compilation import CompilationConfig
     from slotwise.models.llama import build_llama
 
-    def names(model: torch.nn.Module) -> set[str]:
+    def prefixes(model: torch.nn.Module) -> set[str]:
         return {m.layer_name.split(".")[0] for m in model.modules() if isinstance(m, Attention)}
 
     level3 = CompilationConfig(level=3, backend="eager")
-    gc.collect()
     first = build_llama("tiny", compilation_config=level3)
-    with set_forward_context(None):  # compiled: now in reference cycles
+    with set_forward_context(None):  # compiled: now held in reference cycles
         first(torch.tensor([1, 2]), torch.tensor([0, 1]))
-    assert names(first) == {"llama0"}
+    (name,) = prefixes(first)
     second = build_llama("tiny", compilation_config=level3)
-    assert names(second) == {"llama1"}  # the first still lives
+    assert len(prefixes(second)) == 1 and prefixes(second) != {name}  # the first still lives
     del first
-    assert names(build_llama("tiny", compilation_config=level3)) == {"llama0"}
-    assert names(second) == {"llama1"}
+    assert prefixes(build_llama("tiny", compilation_config=level3)) == {name}
 
 
 def test_allocate_kv_caches_uses_the_backend_shape_and_binds_each_layer():

@@ -62,7 +62,7 @@ class CpuSdpaImpl(AttentionImpl):
         if kernel is not None and num_decodes == num_tokens:
             # Only decodes: the kernel stores the new keys and values itself.
             key_cache, value_cache = self._kernel_caches(kv_cache)
-            paged_decode.decode_from_checked_caches(
+            paged_decode.paged_decode(
                 kernel,
                 _rows(q, num_decodes),
                 key_cache,
@@ -72,6 +72,7 @@ class CpuSdpaImpl(AttentionImpl):
                 _rows(output, num_decodes),
                 self.scale,
                 new_kv=(_rows(k, num_tokens), _rows(v, num_tokens), metadata.slot_mapping),
+                caches_checked=True,
             )
             return
         write_to_kv_cache(k[:num_tokens], v[:num_tokens], kv_cache, metadata.slot_mapping)

@@ -68,6 +68,8 @@ def paged_decode(
     out: torch.Tensor,
     scale: float,
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    *,
+    caches_checked: bool = False,
 ) -> None:
     """Attention of each request's one query token over its ``seq_lens[r]`` cached tokens,
     into ``out``; with ``new_kv`` (keys, values, slot_mapping), stores those first.
@@ -76,47 +78,11 @@ def paged_decode(
     key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_size], contiguous;
     block_table: int32 [num_seqs, >= blocks needed]; seq_lens: int32 [num_seqs];
     new keys and values: [num_new, num_kv_heads, head_size], slot_mapping int64 [num_new].
+    ``caches_checked``: the caches already passed ``check_caches`` (a layer checks its
+    cache once); the per-step tensors are checked on every call.
     """
-    check_caches(key_cache, value_cache)
-    decode_from_checked_caches(
-        function, q, key_cache, value_cache, block_table, seq_lens, out, scale, new_kv
-    )
-
-
-def check_caches(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
-    """The caches' layout the kernel reads through raw pointers: what
-    ``decode_from_checked_caches`` assumes; a layer checks its caches once."""
-    if not (
-        key_cache.dtype in DTYPE_CODES
-        and value_cache.dtype is key_cache.dtype
-        and key_cache.dim() == 4
-        and key_cache.shape == value_cache.shape
-        and key_cache.is_contiguous()
-        and value_cache.is_contiguous()
-        and key_cache.device.type == "cpu"
-        and value_cache.device.type == "cpu"
-    ):
-        raise ValueError(
-            "paged_decode: needs contiguous CPU key and value caches of one shape "
-            "[num_blocks, block_size, num_kv_heads, head_size] and one dtype of "
-            f"{sorted(map(str, DTYPE_CODES))}; got {key_cache.dtype} "
-            f"{tuple(key_cache.shape)} and {value_cache.dtype} {tuple(value_cache.shape)}"
-        )
-
-
-def decode_from_checked_caches(
-    function: ctypes._CFuncPtr,
-    q: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    out: torch.Tensor,
-    scale: float,
-    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-) -> None:
-    """``paged_decode`` for caches that passed ``check_caches``: the per-step tensors are
-    still checked on every call (they come from the model and the runner)."""
+    if not caches_checked:
+        check_caches(key_cache, value_cache)
     num_seqs, num_heads, head_size = q.shape
     num_blocks, block_size, num_kv_heads, _ = key_cache.shape
     _check_step(q, out, key_cache, block_table, seq_lens, new_kv)
@@ -138,6 +104,27 @@ def decode_from_checked_caches(
     )  # fmt: skip
     if status != 0:
         raise ValueError(f"paged_decode: {_STATUS.get(status, f'status {status}')}")
+
+
+def check_caches(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+    """The caches' layout the kernel reads through raw pointers: what
+    ``paged_decode(caches_checked=True)`` assumes; a layer checks its caches once."""
+    if not (
+        key_cache.dtype in DTYPE_CODES
+        and value_cache.dtype is key_cache.dtype
+        and key_cache.dim() == 4
+        and key_cache.shape == value_cache.shape
+        and key_cache.is_contiguous()
+        and value_cache.is_contiguous()
+        and key_cache.device.type == "cpu"
+        and value_cache.device.type == "cpu"
+    ):
+        raise ValueError(
+            "paged_decode: needs contiguous CPU key and value caches of one shape "
+            "[num_blocks, block_size, num_kv_heads, head_size] and one dtype of "
+            f"{sorted(map(str, DTYPE_CODES))}; got {key_cache.dtype} "
+            f"{tuple(key_cache.shape)} and {value_cache.dtype} {tuple(value_cache.shape)}"
+        )
 
 
 def _check_step(
