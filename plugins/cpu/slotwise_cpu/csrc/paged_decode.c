@@ -146,6 +146,56 @@ static inline __attribute__((always_inline)) void accumulate_rows(float *restric
     }
 }
 
+/* For the ``G`` query heads that share one key/value head: scores[j * TILE + t] =
+ * queries[j] . keys[t] for ``count`` tokens.  Each key row is loaded and converted once for
+ * all G heads rather than once per head (accumulate_group does the same for values).
+ * Called with constant G and ``n`` (a multiple of 16, at most 128) where (G + 1) * n / 16
+ * registers hold a row and G accumulators (see attend). */
+static inline __attribute__((always_inline)) void dot_group(
+    float *restrict scores, const float *restrict queries, const char *keys, int64_t count,
+    int64_t stride, int64_t n, int dtype, const int64_t G) {
+    const int64_t elem = dtype == DTYPE_FLOAT32 ? 4 : 2, chunks = n / 16;
+    const int paired = dtype == DTYPE_BFLOAT16 && n % 32 == 0;
+    __m512 row[8];
+    for (int64_t t = 0; t < count; t++) {
+        const char *key = keys + t * stride;
+        for (int64_t c = 0; c < chunks; c++) {
+            if (paired && c % 2 == 0) load32_paired(key + 32 * c, &row[c], &row[c + 1]);
+            else if (!paired) row[c] = load16(key + 16 * c * elem, 16, dtype);
+        }
+        for (int64_t j = 0; j < G; j++) {
+            __m512 sum = _mm512_setzero_ps();
+            for (int64_t c = 0; c < chunks; c++)
+                sum = _mm512_fmadd_ps(_mm512_loadu_ps(queries + j * n + 16 * c), row[c], sum);
+            scores[j * TILE + t] = _mm512_reduce_add_ps(sum);
+        }
+    }
+}
+
+/* acc[j] += sum over t of weights[j * TILE + t] * values[t] for the G heads of a group. */
+static inline __attribute__((always_inline)) void accumulate_group(
+    float *restrict acc, const float *restrict weights, const char *values, int64_t count,
+    int64_t stride, int64_t n, int dtype, const int64_t G) {
+    const int64_t elem = dtype == DTYPE_FLOAT32 ? 4 : 2, chunks = n / 16;
+    const int paired = dtype == DTYPE_BFLOAT16 && n % 32 == 0;
+    __m512 sums[4][8], row[8];
+    for (int64_t j = 0; j < G; j++)
+        for (int64_t c = 0; c < chunks; c++) sums[j][c] = _mm512_loadu_ps(acc + j * n + 16 * c);
+    for (int64_t t = 0; t < count; t++) {
+        const char *value = values + t * stride;
+        for (int64_t c = 0; c < chunks; c++) {
+            if (paired && c % 2 == 0) load32_paired(value + 32 * c, &row[c], &row[c + 1]);
+            else if (!paired) row[c] = load16(value + 16 * c * elem, 16, dtype);
+        }
+        for (int64_t j = 0; j < G; j++) {
+            const __m512 w = _mm512_set1_ps(weights[j * TILE + t]);
+            for (int64_t c = 0; c < chunks; c++) sums[j][c] = _mm512_fmadd_ps(w, row[c], sums[j][c]);
+        }
+    }
+    for (int64_t j = 0; j < G; j++)
+        for (int64_t c = 0; c < chunks; c++) _mm512_storeu_ps(acc + j * n + 16 * c, sums[j][c]);
+}
+
 /* exp(x) for 16 floats: 2^(x log2 e) as 2^n times a degree-6 polynomial of the rest,
  * within 2 ulp of expf; -inf gives 0. */
 static inline __m512 exp16(__m512 x) {
@@ -220,12 +270,14 @@ typedef struct {
  * queries go to ``query`` [H][D], the running maximum to ``maxes`` [H], the sum of
  * exponentials to ``sums`` [H] and the unnormalised weighted values to ``acc`` [H][D];
  * ``scores`` [H][TILE] is scratch.  Returns STATUS_BAD_BLOCK for a block id outside
- * the cache.  Inlined into one copy per common head size and dtype (``D``, ``dtype``
- * constants), so the inner loops unroll and keep their vectors in registers. */
+ * the cache.  Inlined into one copy per common head size, dtype and grouped-query ratio
+ * (``D``, ``dtype``, ``G`` constants), so the inner loops unroll and keep their vectors in
+ * registers; ``G`` > 0 (the query heads per key/value head) reads each key and value row
+ * once per group, 0 once per query head. */
 static inline __attribute__((always_inline)) int attend_partition(
     const Problem *p, int64_t seq, int64_t begin, int64_t end, float *restrict query,
     float *restrict maxes, float *restrict sums, float *restrict acc, float *restrict scores,
-    const int64_t D, const int dtype) {
+    const int64_t D, const int dtype, const int64_t G) {
     const int64_t H = p->num_heads, group = H / p->num_kv_heads, elem = dtype ? 2 : 4;
     const char *q = p->q + seq * p->q_stride_seq * elem;
     for (int64_t h = 0; h < H; h++) {
@@ -247,9 +299,16 @@ static inline __attribute__((always_inline)) int attend_partition(
         if (block < 0 || block >= p->num_blocks) return STATUS_BAD_BLOCK;
         const int64_t first = (block * p->block_size + offset) * token_bytes;
         const char *keys = p->key_cache + first, *values = p->value_cache + first;
-        for (int64_t h = 0; h < H; h++)
-            dot_rows(scores + h * TILE, query + h * D, keys + (h / group) * D * elem, count,
-                     token_bytes, D, dtype);
+#ifdef __AVX512F__
+        if (G > 0) {
+            for (int64_t g = 0; g < p->num_kv_heads; g++)
+                dot_group(scores + g * G * TILE, query + g * G * D, keys + g * D * elem, count,
+                          token_bytes, D, dtype, G);
+        } else
+#endif
+            for (int64_t h = 0; h < H; h++)
+                dot_rows(scores + h * TILE, query + h * D, keys + (h / group) * D * elem, count,
+                         token_bytes, D, dtype);
         for (int64_t h = 0; h < H; h++) {
             float *s = scores + h * TILE;
             float tile_max = maxes[h];
@@ -262,28 +321,45 @@ static inline __attribute__((always_inline)) int attend_partition(
             }
             sums[h] += exp_and_sum(s, count, tile_max);
         }
-        for (int64_t h = 0; h < H; h++)
-            accumulate_rows(acc + h * D, scores + h * TILE, values + (h / group) * D * elem,
-                            count, token_bytes, D, dtype);
+#ifdef __AVX512F__
+        if (G > 0) {
+            for (int64_t g = 0; g < p->num_kv_heads; g++)
+                accumulate_group(acc + g * G * D, scores + g * G * TILE, values + g * D * elem,
+                                 count, token_bytes, D, dtype, G);
+        } else
+#endif
+            for (int64_t h = 0; h < H; h++)
+                accumulate_rows(acc + h * D, scores + h * TILE, values + (h / group) * D * elem,
+                                count, token_bytes, D, dtype);
         start += count;
     }
     return STATUS_OK;
 }
 
-/* attend_partition for this problem's head size and dtype, specialised where common. */
+/* attend_partition for this problem's head size, dtype and grouped-query ratio,
+ * specialised where common (grouped: the ratios whose row and accumulators fit the
+ * registers, for head sizes 64 and 128). */
 static int attend(const Problem *p, int64_t seq, int64_t begin, int64_t end, float *query,
                   float *maxes, float *sums, float *acc, float *scores) {
-#define ATTEND(D, DTYPE) attend_partition(p, seq, begin, end, query, maxes, sums, acc, scores, D, DTYPE)
-#define FOR_SIZE(D)                                                               \
-    if (p->head_size == D) {                                                      \
-        if (p->dtype == DTYPE_FLOAT32) return ATTEND(D, DTYPE_FLOAT32);           \
-        if (p->dtype == DTYPE_BFLOAT16) return ATTEND(D, DTYPE_BFLOAT16);         \
-        return ATTEND(D, DTYPE_FLOAT16);                                          \
+#define ATTEND(D, DTYPE, G) \
+    attend_partition(p, seq, begin, end, query, maxes, sums, acc, scores, D, DTYPE, G)
+#define FOR_DTYPES(D, G)                                                          \
+    {                                                                             \
+        if (p->dtype == DTYPE_FLOAT32) return ATTEND(D, DTYPE_FLOAT32, G);        \
+        if (p->dtype == DTYPE_BFLOAT16) return ATTEND(D, DTYPE_BFLOAT16, G);      \
+        return ATTEND(D, DTYPE_FLOAT16, G);                                       \
     }
-    FOR_SIZE(64)
-    FOR_SIZE(128)
-#undef FOR_SIZE
-    return ATTEND(p->head_size, p->dtype);
+    const int64_t group = p->num_heads / p->num_kv_heads;
+#ifdef __AVX512F__
+    if (p->head_size == 64 && group == 2) FOR_DTYPES(64, 2)
+    if (p->head_size == 64 && group == 4) FOR_DTYPES(64, 4)
+    if (p->head_size == 128 && group == 2) FOR_DTYPES(128, 2)
+#endif
+    (void)group;
+    if (p->head_size == 64) FOR_DTYPES(64, 0)
+    if (p->head_size == 128) FOR_DTYPES(128, 0)
+#undef FOR_DTYPES
+    return ATTEND(p->head_size, p->dtype, 0);
 #undef ATTEND
 }
 
