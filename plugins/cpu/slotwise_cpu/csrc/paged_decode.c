@@ -146,23 +146,30 @@ static inline __attribute__((always_inline)) void accumulate_rows(float *restric
     }
 }
 
+/* One cached row of ``n`` elements (a multiple of 16) as n / 16 float vectors, bfloat16
+ * rows paired as the query and accumulators are (see lane). */
+static inline __attribute__((always_inline)) void load_row(__m512 *row, const char *p,
+                                                           int64_t n, int dtype) {
+    const int64_t elem = dtype == DTYPE_FLOAT32 ? 4 : 2;
+    if (dtype == DTYPE_BFLOAT16 && n % 32 == 0) {
+        for (int64_t c = 0; c < n / 16; c += 2) load32_paired(p + 32 * c, &row[c], &row[c + 1]);
+        return;
+    }
+    for (int64_t c = 0; c < n / 16; c++) row[c] = load16(p + 16 * c * elem, 16, dtype);
+}
+
 /* For the ``G`` query heads that share one key/value head: scores[j * TILE + t] =
  * queries[j] . keys[t] for ``count`` tokens.  Each key row is loaded and converted once for
  * all G heads rather than once per head (accumulate_group does the same for values).
- * Called with constant G and ``n`` (a multiple of 16, at most 128) where (G + 1) * n / 16
- * registers hold a row and G accumulators (see attend). */
+ * Called with constant G (at most 4) and ``n`` (a multiple of 16, at most 128) where
+ * (G + 1) * n / 16 registers hold a row and G accumulators (see attend). */
 static inline __attribute__((always_inline)) void dot_group(
     float *restrict scores, const float *restrict queries, const char *keys, int64_t count,
     int64_t stride, int64_t n, int dtype, const int64_t G) {
-    const int64_t elem = dtype == DTYPE_FLOAT32 ? 4 : 2, chunks = n / 16;
-    const int paired = dtype == DTYPE_BFLOAT16 && n % 32 == 0;
+    const int64_t chunks = n / 16;
     __m512 row[8];
     for (int64_t t = 0; t < count; t++) {
-        const char *key = keys + t * stride;
-        for (int64_t c = 0; c < chunks; c++) {
-            if (paired && c % 2 == 0) load32_paired(key + 32 * c, &row[c], &row[c + 1]);
-            else if (!paired) row[c] = load16(key + 16 * c * elem, 16, dtype);
-        }
+        load_row(row, keys + t * stride, n, dtype);
         for (int64_t j = 0; j < G; j++) {
             __m512 sum = _mm512_setzero_ps();
             for (int64_t c = 0; c < chunks; c++)
@@ -176,17 +183,12 @@ static inline __attribute__((always_inline)) void dot_group(
 static inline __attribute__((always_inline)) void accumulate_group(
     float *restrict acc, const float *restrict weights, const char *values, int64_t count,
     int64_t stride, int64_t n, int dtype, const int64_t G) {
-    const int64_t elem = dtype == DTYPE_FLOAT32 ? 4 : 2, chunks = n / 16;
-    const int paired = dtype == DTYPE_BFLOAT16 && n % 32 == 0;
+    const int64_t chunks = n / 16;
     __m512 sums[4][8], row[8];
     for (int64_t j = 0; j < G; j++)
         for (int64_t c = 0; c < chunks; c++) sums[j][c] = _mm512_loadu_ps(acc + j * n + 16 * c);
     for (int64_t t = 0; t < count; t++) {
-        const char *value = values + t * stride;
-        for (int64_t c = 0; c < chunks; c++) {
-            if (paired && c % 2 == 0) load32_paired(value + 32 * c, &row[c], &row[c + 1]);
-            else if (!paired) row[c] = load16(value + 16 * c * elem, 16, dtype);
-        }
+        load_row(row, values + t * stride, n, dtype);
         for (int64_t j = 0; j < G; j++) {
             const __m512 w = _mm512_set1_ps(weights[j * TILE + t]);
             for (int64_t c = 0; c < chunks; c++) sums[j][c] = _mm512_fmadd_ps(w, row[c], sums[j][c]);
