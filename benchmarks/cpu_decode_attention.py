@@ -82,8 +82,7 @@ def measure(case: dict[str, Any], iterations: int) -> dict[str, Any]:
     from slotwise_cpu.attention import CpuSdpaImpl
 
     impl = CpuSdpaImpl(HEADS, HEAD_SIZE, HEAD_SIZE**-0.5, KV_HEADS)
-    kernel = paged_decode.kernel()
-    if kernel is None:
+    if not paged_decode.available():
         raise SystemExit("the paged decode kernel could not be built; see the warning above")
     out = torch.empty_like(case["q"])
     keys, values, table, lengths, q = (case[k] for k in ("keys", "values", "table", "lengths", "q"))
@@ -92,7 +91,7 @@ def measure(case: dict[str, Any], iterations: int) -> dict[str, Any]:
         return impl._decode(q, keys, values, table, lengths)
 
     def paged() -> Any:
-        paged_decode.paged_decode(kernel, q, keys, values, table, lengths, out, HEAD_SIZE**-0.5)
+        paged_decode.paged_decode_op(q, keys, values, table, lengths, out, HEAD_SIZE**-0.5)
         return out
 
     variants = {"gathered": gathered, "paged kernel": paged}

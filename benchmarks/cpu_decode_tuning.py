@@ -90,18 +90,10 @@ def product_variants(dtype: Any) -> tuple[dict[str, Callable[[], None]], int]:
     inputs = {k: torch.randn(1, k, generator=generator).to(dtype) for _, k in weight_shapes()}
     pairs = [(inputs[w.shape[1]], w) for w in weights]
     variants = {"torch F.linear": lambda: [F.linear(x, w) for x, w in pairs]}
-    if dtype in linear.KERNEL_DTYPES:
-        kernel = linear.kernel()
-        code = linear.KERNEL_DTYPES[dtype][0]
-
-        def small_gemm() -> None:  # the kernel itself, for float32 too
-            for x, w in pairs:
-                out = torch.empty(1, w.shape[0], dtype=dtype)
-                threads = torch.get_num_threads()
-                kernel(x.data_ptr(), x.shape[1], w.data_ptr(), None, out.data_ptr(),
-                       w.shape[0], 1, w.shape[0], w.shape[1], code, threads)  # fmt: skip
-
-        variants["slotwise_cpu small GEMM"] = small_gemm
+    if linear.runs_kernel(dtype):  # the op takes one row in every kernel dtype
+        variants["slotwise_cpu small GEMM"] = lambda: [
+            linear.linear_op(x, w, None) for x, w in pairs
+        ]
     packed = [(x, torch.ops.mkldnn._reorder_linear_weight(w, 1)) for x, w in pairs]
     variants["oneDNN prepacked"] = lambda: [
         torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "") for x, p in packed

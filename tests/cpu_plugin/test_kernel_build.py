@@ -1,4 +1,4 @@
-"""Building and caching the CPU plugin's C kernels (``slotwise_cpu.native``).
+"""Building and caching the CPU plugin's kernels (``slotwise_cpu.native``).
 
 Each case runs in a fresh process (the built library is loaded once per process) with
 its own cache folder, so nothing here touches the user's cache.
@@ -16,14 +16,15 @@ from support import clean_env
 
 pytestmark = pytest.mark.slow  # each case starts a Python process that imports torch
 
-#: Loads the attention kernel and runs one decode through the CPU backend, checking it
-#: against SDPA on a dense copy; prints which path ran.
+#: Runs one decode through the CPU backend, checking it against SDPA on a dense copy, and
+#: one linear op call, checking it against float64 (kernel) or F.linear exactly (torch);
+#: prints which paths ran.
 DECODE = """
 import logging, sys
 import torch
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
 from slotwise.attention import AttentionMetadataBuilder
-from slotwise_cpu import paged_decode
+from slotwise_cpu import linear, paged_decode
 from slotwise_cpu.attention import CpuSdpaImpl
 
 torch.manual_seed(0)
@@ -38,8 +39,20 @@ values = kv_cache[1][[2, 0]].reshape(32, 2, 16)[:21].repeat_interleave(2, 1).tra
 expected = torch.nn.functional.scaled_dot_product_attention(
     q.transpose(0, 1)[:, :, None], keys[:, None], values[:, None], scale=0.25)[:, :, 0]
 torch.testing.assert_close(out, expected.transpose(0, 1))
-print("kernel" if paged_decode.kernel() is not None else "gathered")
+x, weight = torch.randn(2, 64).bfloat16(), torch.randn(48, 64).bfloat16()
+product = linear.linear_op(x, weight, None)
+if linear.runs_kernel(torch.bfloat16):
+    exact = x.double() @ weight.double().T
+    assert ((product.double() - exact).abs() <= 2 ** -8 * exact.abs() + 1e-4).all()
+else:
+    assert torch.equal(product, torch.nn.functional.linear(x, weight))
+print("kernel" if paged_decode.available() else "gathered",
+      "small-gemm" if linear.runs_kernel(torch.bfloat16) else "torch-gemm")
 """
+#: What the script prints with and without the kernels.
+WITH_KERNELS, WITHOUT_KERNELS = ["kernel", "small-gemm"], ["gathered", "torch-gemm"]
+#: The warning that says what runs instead.
+INSTEAD = "linear layers run torch's GEMM, and decode attention gathers each request's cache"
 
 
 def run(cache: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -56,22 +69,39 @@ def kernel_folder(cache: Path) -> Path:
     return cache / "slotwise" / "cpu-kernels"
 
 
-def test_a_kernel_is_built_once_and_then_loaded_from_the_cache(tmp_path):
+def test_the_kernels_are_built_once_loaded_from_the_cache_and_rebuilt_if_tampered(tmp_path):
     first = run(tmp_path)
     assert first.returncode == 0, first.stderr
-    assert first.stdout.split() == ["kernel"] and "building paged_decode.c" in first.stderr
-    (library,) = kernel_folder(tmp_path).glob("paged_decode-*.so")
+    assert first.stdout.split() == WITH_KERNELS
+    assert "building ops.cpp" in first.stderr and "building paged_decode.c" in first.stderr
+    (library,) = kernel_folder(tmp_path).glob("ops-*.so")
     assert library.stat().st_mode & 0o777 == 0o700
     second = run(tmp_path)
-    assert second.stdout.split() == ["kernel"] and "building" not in second.stderr
+    assert second.stdout.split() == WITH_KERNELS and "building" not in second.stderr
+    library.write_bytes(b"not a library")  # what another user could have put there
+    os.chmod(library, 0o666)
+    third = run(tmp_path)
+    assert third.returncode == 0, third.stderr
+    assert third.stdout.split() == WITH_KERNELS and "building ops.cpp" in third.stderr
+    assert library.stat().st_mode & 0o777 == 0o700
 
 
-def test_without_a_c_compiler_decodes_gather_and_a_warning_says_why(tmp_path):
-    result = run(tmp_path, CC="no-such-compiler-cc")
+@pytest.mark.parametrize(
+    "env, reason",
+    [
+        ({"CC": "no-such-compiler-cc"}, "no C compiler 'no-such-compiler-cc' on the PATH"),
+        ({"CXX": "no-such-compiler-c++"}, "no C++ compiler 'no-such-compiler-c++' on the PATH"),
+        ({"CXX": "false"}, "failed to build ops.cpp (exit 1)"),
+    ],
+    ids=["no-c-compiler", "no-c++-compiler", "c++-compiler-fails"],
+)
+def test_without_the_kernels_torch_runs_instead_and_a_warning_says_why(tmp_path, env, reason):
+    result = run(tmp_path, **env)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["gathered"]
-    assert "decode attention gathers each request's cache blocks" in result.stderr
-    assert "no C compiler 'no-such-compiler-cc' on the PATH" in result.stderr
+    assert result.stdout.split() == WITHOUT_KERNELS
+    assert INSTEAD in result.stderr and reason in result.stderr
+    assert result.stderr.count(INSTEAD) == 1  # once per process, not per call
+    assert not list(kernel_folder(tmp_path).glob("ops-*.so"))
 
 
 def test_a_cache_folder_other_users_can_write_is_not_used(tmp_path):
@@ -80,19 +110,6 @@ def test_a_cache_folder_other_users_can_write_is_not_used(tmp_path):
     os.chmod(folder, 0o777)
     result = run(tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["kernel"]
-    assert "writable by other users; building paged_decode in a private temporary" in (
-        result.stderr
-    )
+    assert result.stdout.split() == WITH_KERNELS
+    assert "writable by other users; building the kernels in a private temporary" in (result.stderr)
     assert not list(folder.iterdir())
-
-
-def test_a_cached_library_other_users_can_write_is_rebuilt_not_loaded(tmp_path):
-    assert run(tmp_path).returncode == 0
-    (library,) = kernel_folder(tmp_path).glob("paged_decode-*.so")
-    library.write_bytes(b"not a library")  # what another user could have put there
-    os.chmod(library, 0o666)
-    result = run(tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["kernel"] and "building paged_decode.c" in result.stderr
-    assert library.stat().st_mode & 0o777 == 0o700

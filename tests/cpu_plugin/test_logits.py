@@ -37,7 +37,7 @@ def test_the_lm_head_of_a_level3_model_runs_the_plugin_and_matches_float64(dtype
 
 def test_rows_the_kernel_does_not_take_are_computed_as_the_layer_would():
     model = tiny(torch.bfloat16, level=0)
-    hidden = torch.randn(linear.KERNEL_DTYPES[torch.bfloat16][1] + 1, 64).bfloat16()
+    hidden = torch.randn(linear.max_kernel_rows(torch.bfloat16) + 1, 64).bfloat16()
     assert model.logits_head.implementation == "plugin"
     assert torch.equal(
         model.compute_logits(hidden), model.logits_head.forward_native(model.lm_head, hidden)

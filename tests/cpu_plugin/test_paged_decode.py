@@ -17,6 +17,7 @@ import torch
 from slotwise.attention import AttentionMetadataBuilder, write_to_kv_cache
 from slotwise_cpu import paged_decode
 from slotwise_cpu.attention import CpuSdpaImpl
+from slotwise_cpu.paged_decode import paged_decode_op
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 #: (heads, kv heads, head size, block size): the specialised head sizes 64 and 128 (with
@@ -32,9 +33,7 @@ LENGTHS = [1, 17, 255, 256, 257, 1000]
 
 @pytest.fixture(scope="module")
 def kernel():
-    function = paged_decode.kernel()
-    assert function is not None, "the kernel must build where a C compiler is installed"
-    return function
+    assert paged_decode.available(), "the kernels must build where C and C++ compilers are"
 
 
 def paged_cache(num_blocks, block_size, kv_heads, head_size, dtype, generator):
@@ -88,7 +87,7 @@ def test_the_kernel_matches_float64_attention(kernel, dtype, layout):
     lengths = torch.tensor(LENGTHS, dtype=torch.int32)
     q = (3 * torch.randn(len(LENGTHS), heads, head_size, generator=generator)).to(dtype)
     out = torch.empty_like(q)
-    paged_decode.paged_decode(kernel, q, keys, values, table, lengths, out, 0.37)
+    paged_decode_op(q, keys, values, table, lengths, out, 0.37)
     assert_matches(out, float64_reference(q, keys, values, table, LENGTHS, 0.37))
 
 
@@ -100,9 +99,7 @@ def test_queries_may_be_rows_of_a_wider_tensor(kernel):
     qkv = torch.randn(2, (8 + 2 * 2) * 64, generator=generator)
     q = qkv[:, : 8 * 64].view(2, 8, 64)
     out = torch.empty(2, 8, 64)
-    paged_decode.paged_decode(
-        kernel, q, keys, values, table, torch.tensor([33, 70], dtype=torch.int32), out, 0.125
-    )
+    paged_decode_op(q, keys, values, table, torch.tensor([33, 70], dtype=torch.int32), out, 0.125)
     assert_matches(out, float64_reference(q, keys, values, table, [33, 70], 0.125))
 
 
@@ -120,9 +117,8 @@ def test_the_new_tokens_are_stored_before_they_are_attended_to(kernel, dtype):
     q = torch.randn(2, 4, 32, generator=generator).to(dtype)
     out = torch.empty_like(q)
     key_cache, value_cache = kv_cache.unbind(0)
-    paged_decode.paged_decode(
-        kernel, q, key_cache, value_cache, metadata.block_table, metadata.seq_lens, out, 0.2,
-        new_kv=(k, v, metadata.slot_mapping),
+    paged_decode_op(q, key_cache, value_cache, metadata.block_table, metadata.seq_lens, out, 0.2,
+        k, v, metadata.slot_mapping,
     )  # fmt: skip
     assert torch.equal(kv_cache, expected_cache)
     lengths = metadata.seq_lens.tolist()
@@ -143,7 +139,7 @@ def test_out_of_range_ids_are_refused_not_read(kernel, change, message):
     keys = values = torch.zeros(4, 16, 1, 8)
     table = torch.tensor([[0, 1]], dtype=torch.int32)
     lengths = torch.tensor([20], dtype=torch.int32)
-    new_kv = None
+    new_kv = ()
     if change == "block":
         table[0, 1] = 4
     elif change == "negative block":
@@ -154,7 +150,7 @@ def test_out_of_range_ids_are_refused_not_read(kernel, change, message):
         new_kv = (torch.zeros(1, 1, 8), torch.zeros(1, 1, 8), torch.tensor([64]))
     q = out = torch.zeros(1, 2, 8)
     with pytest.raises(ValueError, match=message):
-        paged_decode.paged_decode(kernel, q, keys, values, table, lengths, out, 1.0, new_kv=new_kv)
+        paged_decode_op(q, keys, values, table, lengths, out, 1.0, *new_kv)
 
 
 def test_layouts_the_kernel_cannot_read_are_refused(kernel):
@@ -163,12 +159,9 @@ def test_layouts_the_kernel_cannot_read_are_refused(kernel):
     lengths = torch.tensor([20], dtype=torch.int32)
     heads_last = torch.zeros(1, 8, 2).transpose(1, 2)  # [1, 2, 8], heads not contiguous
     with pytest.raises(ValueError, match="heads contiguous"):
-        paged_decode.paged_decode(
-            kernel, heads_last, keys, values, table, lengths, torch.zeros(1, 2, 8), 1.0
-        )
+        paged_decode_op(heads_last, keys, values, table, lengths, torch.zeros(1, 2, 8), 1.0)
     with pytest.raises(ValueError, match="the caches. dtype"):
-        paged_decode.paged_decode(
-            kernel, torch.zeros(1, 2, 8, dtype=torch.bfloat16), keys, values, table, lengths,
+        paged_decode_op(torch.zeros(1, 2, 8, dtype=torch.bfloat16), keys, values, table, lengths,
             torch.zeros(1, 2, 8, dtype=torch.bfloat16), 1.0,
         )  # fmt: skip
 
@@ -179,15 +172,15 @@ def test_caches_and_head_sizes_the_kernel_cannot_read_are_refused(kernel):
     q = out = torch.zeros(1, 2, 8)
     heads_first = torch.zeros(4, 2, 16, 8).transpose(1, 2)  # [4, 16, 2, 8], not contiguous
     with pytest.raises(ValueError, match="contiguous CPU key and value caches"):
-        paged_decode.paged_decode(kernel, q, heads_first, heads_first, table, lengths, out, 1.0)
+        paged_decode_op(q, heads_first, heads_first, table, lengths, out, 1.0)
     wider = torch.zeros(4, 16, 2, 16)  # head size 16 against the query's 8
     with pytest.raises(ValueError, match="head size"):
-        paged_decode.paged_decode(kernel, q, wider, wider, table, lengths, out, 1.0)
+        paged_decode_op(q, wider, wider, table, lengths, out, 1.0)
 
 
 def test_a_layer_checks_each_new_cache_it_is_given(kernel):
-    """The backend checks a cache's layout once, then trusts it: a cache swapped in
-    later (the runner reallocated) must be checked again, not read on trust."""
+    """A cache swapped in later (the runner reallocated) is checked as the first was,
+    not read on trust."""
     impl = CpuSdpaImpl(2, 8, 1.0, 2)
     metadata = AttentionMetadataBuilder(16).build([1], [19], [[0, 1]])
     q, out = torch.randn(1, 2, 8), torch.empty(1, 2, 8)
@@ -231,7 +224,7 @@ def test_torch_and_the_kernels_share_one_openmp_runtime(kernel):
     or two thread pools would fight for the cores."""
     from slotwise_cpu import linear
 
-    assert linear.kernel() is not None
+    assert linear.runs_kernel(torch.float32)
     with open("/proc/self/maps") as maps:
         runtimes = {line.split()[-1] for line in maps if "libgomp" in line}
     assert len(runtimes) == 1, runtimes

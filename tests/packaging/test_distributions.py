@@ -53,3 +53,7 @@ def test_distribution_builds_a_wheel_with_its_entry_point(tmp_path, dist):
             assert "[slotwise.plugins]" in entry_points and entry_point in entry_points
         else:
             assert any(n.startswith("slotwise/platforms/") for n in names)
+    # Sources built on the user's machine (the CPU plugin's kernels) ship, every one.
+    for folder in source.glob("*/csrc"):
+        for path in folder.iterdir():
+            assert path.relative_to(source).as_posix() in names

@@ -11,9 +11,6 @@ attention uses SDPA's ``enable_gqa``.
 
 from __future__ import annotations
 
-import weakref
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
@@ -26,6 +23,7 @@ from slotwise.plugin_api import (
     write_to_kv_cache,
 )
 from slotwise_cpu import paged_decode
+from slotwise_cpu.paged_decode import paged_decode_op
 
 
 class CpuSdpaBackend(AttentionBackend):
@@ -42,10 +40,6 @@ class CpuSdpaBackend(AttentionBackend):
 
 
 class CpuSdpaImpl(AttentionImpl):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._checked_cache: weakref.ref[torch.Tensor] | None = None
-
     def forward(
         self,
         layer: Attention,
@@ -58,12 +52,11 @@ class CpuSdpaImpl(AttentionImpl):
     ) -> None:
         num_tokens = metadata.num_actual_tokens
         num_decodes = metadata.num_decodes
-        kernel = paged_decode.kernel() if paged_decode.supports(q, kv_cache) else None
-        if kernel is not None and num_decodes == num_tokens:
+        kernel = paged_decode.supports(q, kv_cache) and paged_decode.available()
+        if kernel and num_decodes == num_tokens:
             # Only decodes: the kernel stores the new keys and values itself.
-            key_cache, value_cache = self._kernel_caches(kv_cache)
-            paged_decode.paged_decode(
-                kernel,
+            key_cache, value_cache = kv_cache.unbind(0)
+            paged_decode_op(
                 _rows(q, num_decodes),
                 key_cache,
                 value_cache,
@@ -71,15 +64,15 @@ class CpuSdpaImpl(AttentionImpl):
                 metadata.seq_lens,
                 _rows(output, num_decodes),
                 self.scale,
-                new_kv=(_rows(k, num_tokens), _rows(v, num_tokens), metadata.slot_mapping),
-                caches_checked=True,
+                _rows(k, num_tokens),
+                _rows(v, num_tokens),
+                metadata.slot_mapping,
             )
             return
         write_to_kv_cache(k[:num_tokens], v[:num_tokens], kv_cache, metadata.slot_mapping)
         key_cache, value_cache = kv_cache.unbind(0)
-        if num_decodes and kernel is not None:
-            paged_decode.paged_decode(
-                kernel,
+        if num_decodes and kernel:
+            paged_decode_op(
                 q[:num_decodes],
                 key_cache,
                 value_cache,
@@ -144,16 +137,6 @@ class CpuSdpaImpl(AttentionImpl):
             mask = torch.ones(query_len, seq_len, dtype=torch.bool).tril(context_len)
             out = self._sdpa(q.transpose(0, 1), keys, values, attn_mask=mask)
         return out.transpose(0, 1)
-
-    def _kernel_caches(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The key and value halves of this layer's cache, whose layout is checked for the
-        kernel once per cache rather than on every step.  Only a weak reference to the
-        checked cache is kept: holding its halves would keep a freed cache's memory."""
-        key_cache, value_cache = kv_cache.unbind(0)
-        if self._checked_cache is None or self._checked_cache() is not kv_cache:
-            paged_decode.check_caches(key_cache, value_cache)
-            self._checked_cache = weakref.ref(kv_cache)
-        return key_cache, value_cache
 
     def _sdpa(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: object

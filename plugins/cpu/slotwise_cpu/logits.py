@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from slotwise.plugin_api import CustomOp
-from slotwise_cpu.linear import linear
+from slotwise_cpu.linear import linear_op
 
 
 def logits(layer: CustomOp, lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -20,4 +20,4 @@ def logits(layer: CustomOp, lm_head: torch.nn.Module, hidden: torch.Tensor) -> t
         return layer.forward_native(lm_head, hidden)  # each rank's slice is all-gathered
     if torch.is_grad_enabled() and lm_head.weight.requires_grad:
         return layer.forward_native(lm_head, hidden)  # the kernel has no backward
-    return linear(hidden, lm_head.weight, None).float()
+    return linear_op(hidden, lm_head.weight, None).float()

@@ -1,15 +1,21 @@
-"""The plugin's C kernels: built with the system C compiler on first use, loaded with ctypes.
+"""The plugin's kernels: one library built on first use, loaded into torch's dispatcher.
 
-Why C and not a torch extension: a kernel with no torch headers builds in under a second,
-and the only toolchain it needs is the C compiler Inductor already requires on a CPU.
-Built libraries are cached per user, keyed by the source, the compiler, its flags and
-this CPU's features (the code is built for this CPU, ``-march=native``).  The cache
-follows the core's rule for compiled code: a folder or file another user could have
-written is never loaded; the library is then built in a private temporary folder.
+``csrc/ops.cpp`` registers the CPU kernels of ``slotwise_cpu::linear`` and
+``slotwise_cpu::paged_decode`` around the C kernels ``csrc/small_gemm.c`` and
+``csrc/paged_decode.c``.  Why built here rather than shipped: the kernels are built for
+this CPU (``-march=native``) against the torch this process runs, with the C and C++
+compilers Inductor already needs on a CPU; only torch's few headers for tensors and op
+registration are compiled (about 6 s, once per user and torch version).
 
-OpenMP comes from the ``libgomp.so.1`` torch has already loaded (the dynamic linker
-reuses a loaded library of the same soname), so the kernels share torch's threads
-rather than starting a second pool that would fight it for the cores.
+The library is cached per user, keyed by the sources, the compilers, their flags, this
+CPU's features and torch's version.  The cache follows the core's rule for compiled
+code: a folder or file another user could have written is never loaded; the library is
+then built in a private temporary folder.
+
+OpenMP comes from the ``libgomp.so.1`` torch has already loaded, and torch's own
+libraries are the ones already in the process (the dynamic linker reuses a loaded
+library of the same soname), so the kernels share torch's threads rather than starting
+a second pool that would fight it for the cores.
 """
 
 from __future__ import annotations
@@ -25,27 +31,40 @@ import stat
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
+
+import torch
 
 from slotwise.plugin_api import SlotwiseError
 
 logger = logging.getLogger("slotwise")
 
 SOURCE_DIR = Path(__file__).resolve().parent / "csrc"
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+C_SOURCES = ("small_gemm.c", "paged_decode.c")
+CXX_SOURCE = "ops.cpp"
+C_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c11")
+CXX_FLAGS = ("-O2", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++20")
+#: The ops whose CPU kernels the library registers; loading checks that it did.
+OPS = ("slotwise_cpu::linear", "slotwise_cpu::paged_decode")
+#: Says what runs instead when the library cannot be had.
+UNAVAILABLE = (
+    "linear layers run torch's GEMM, and decode attention gathers each request's cache "
+    "blocks into a dense copy (slower for long contexts)"
+)
 
 
 class KernelBuildError(SlotwiseError, RuntimeError):
-    """A C kernel of the CPU plugin could not be built or loaded; the message says why."""
+    """The CPU plugin's kernels could not be built or loaded; the message says why."""
 
 
-def compiler() -> str:
-    """The C compiler: ``$CC``, else ``cc`` on the PATH."""
-    name = os.environ.get("CC") or "cc"
+def compiler(variable: str, default: str) -> str:
+    """The compiler named by ``$variable`` (``CC``, ``CXX``), else ``default`` on the PATH."""
+    name = os.environ.get(variable) or default
     path = shutil.which(name)
     if path is None:
+        kind = "C++" if variable == "CXX" else "C"
         raise KernelBuildError(
-            f"no C compiler {name!r} on the PATH; install one (gcc or clang) or point CC at it"
+            f"no {kind} compiler {name!r} on the PATH; install one (gcc and g++, or clang) "
+            f"or point {variable} at it"
         )
     return path
 
@@ -56,60 +75,69 @@ def cache_dir() -> Path:
 
 
 @functools.cache
-def load(name: str) -> ctypes.CDLL:
-    """The library built from ``csrc/<name>.c``, built now unless cached; raises
-    ``KernelBuildError`` naming what failed."""
-    source = SOURCE_DIR / f"{name}.c"
-    cc = compiler()
-    headers = b"".join(header.read_bytes() for header in sorted(SOURCE_DIR.glob("*.h")))
-    key = _build_key(source.read_bytes() + headers, cc)
+def load_kernels() -> ctypes.CDLL | None:
+    """The kernels library, built now unless cached, with the ops' CPU kernels registered;
+    or None, after one warning naming what runs instead and why, when it cannot be had."""
+    try:
+        return _load()
+    except KernelBuildError as exc:
+        logger.warning("slotwise_cpu: %s because the plugin's kernels are unavailable: %s",
+                       UNAVAILABLE, exc)  # fmt: skip
+        return None
+
+
+def _load() -> ctypes.CDLL:
+    cc, cxx = compiler("CC", "cc"), compiler("CXX", "c++")
+    key = _build_key(cc, cxx)
     folder = cache_dir()
     if _private_folder(folder):
-        library = folder / f"{name}-{key[:24]}.so"
+        library = folder / f"ops-{key[:24]}.so"
         if not (library.exists() and _private_file(library)):
-            _build(cc, source, library)
+            _build(cc, cxx, library)
     else:
         logger.warning(
             "slotwise_cpu: kernel cache %s is missing or writable by other users; "
-            "building %s in a private temporary folder instead",
+            "building the kernels in a private temporary folder instead",
             folder,
-            name,
         )
-        library = Path(tempfile.mkdtemp(prefix="slotwise-cpu-")) / f"{name}.so"
-        _build(cc, source, library)
+        library = Path(tempfile.mkdtemp(prefix="slotwise-cpu-")) / "ops.so"
+        _build(cc, cxx, library)
     try:
-        return ctypes.CDLL(str(library))
+        handle = ctypes.CDLL(str(library))  # its static initialisers register the kernels
     except OSError as exc:
-        raise KernelBuildError(f"could not load the {name} kernel from {library}: {exc}") from exc
+        raise KernelBuildError(f"could not load the kernels from {library}: {exc}") from exc
+    missing = [op for op in OPS if not torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU")]
+    if missing:
+        raise KernelBuildError(f"{library} loaded but registered no CPU kernel for {missing}")
+    return handle
 
 
-def kernel_function(
-    library: str, symbol: str, argtypes: list[Any], unavailable: str
-) -> ctypes._CFuncPtr | None:
-    """``symbol`` of the library built from ``csrc/<library>.c``, typed; or None, with one
-    warning saying what runs instead (``unavailable``) and why, when it cannot be built."""
-    try:
-        function = getattr(load(library), symbol)
-    except KernelBuildError as exc:
-        logger.warning("slotwise_cpu: %s because its kernel is unavailable: %s", unavailable, exc)
-        return None
-    function.argtypes = argtypes
-    function.restype = ctypes.c_int
-    return function
+def _torch_dirs() -> tuple[Path, Path]:
+    """torch's headers and libraries, as its wheel lays them out."""
+    root = Path(torch.__file__).resolve().parent
+    return root / "include", root / "lib"
 
 
-def _build_key(source: bytes, cc: str) -> str:
-    digest = hashlib.sha256(source)
-    for part in (cc, _compiler_version(cc), " ".join(FLAGS), platform.machine(), _cpu_flags()):
+def _build_key(cc: str, cxx: str) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(SOURCE_DIR.iterdir()):
+        if path.suffix in (".c", ".cpp", ".h"):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    parts = (
+        cc, _compiler_version(cc), cxx, _compiler_version(cxx), " ".join(C_FLAGS),
+        " ".join(CXX_FLAGS), platform.machine(), _cpu_flags(), torch.__version__,
+        str(torch.version.git_version), str(torch._C._GLIBCXX_USE_CXX11_ABI),
+    )  # fmt: skip
+    for part in parts:
         digest.update(b"\0" + part.encode())
     return digest.hexdigest()
 
 
-def _compiler_version(cc: str) -> str:
+def _compiler_version(path: str) -> str:
     try:
-        result = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+        result = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as exc:
-        raise KernelBuildError(f"C compiler {cc} does not run: {exc}") from exc
+        raise KernelBuildError(f"compiler {path} does not run: {exc}") from exc
     return result.stdout
 
 
@@ -143,21 +171,36 @@ def _private_file(path: Path) -> bool:
     )
 
 
-def _build(cc: str, source: Path, library: Path) -> None:
-    """Compile to a temporary name next to ``library``, then rename: a concurrent
-    process sees either no library or a whole one."""
-    partial = library.with_name(f".{library.name}.{os.getpid()}.tmp")
-    command = [cc, *FLAGS, f"-I{SOURCE_DIR}", "-o", str(partial), str(source)]
-    logger.info("slotwise_cpu: building %s (%s)", source.name, " ".join(command))
+def _build(cc: str, cxx: str, library: Path) -> None:
+    """Compile the C kernels, then link them with the op registrations, in a private
+    folder next to ``library``; then rename: a concurrent process sees either no library
+    or a whole one."""
+    include, lib = _torch_dirs()
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    with tempfile.TemporaryDirectory(dir=library.parent, prefix=".build-") as scratch:
+        objects = []
+        for name in C_SOURCES:
+            obj = str(Path(scratch) / f"{name}.o")
+            _run([cc, *C_FLAGS, f"-I{SOURCE_DIR}", "-c", "-o", obj, str(SOURCE_DIR / name)], name)
+            objects.append(obj)
+        partial = Path(scratch) / library.name
+        command = [
+            cxx, *CXX_FLAGS, abi, f"-I{include}", "-o", str(partial),
+            str(SOURCE_DIR / CXX_SOURCE), *objects, f"-L{lib}", "-ltorch_cpu", "-lc10",
+        ]  # fmt: skip
+        _run(command, CXX_SOURCE)
+        os.chmod(partial, 0o700)
+        os.replace(partial, library)
+
+
+def _run(command: list[str], source: str) -> None:
+    logger.info("slotwise_cpu: building %s (%s)", source, " ".join(command))
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.SubprocessError) as exc:
-        raise KernelBuildError(f"could not run {cc} to build {source.name}: {exc}") from exc
+        raise KernelBuildError(f"could not run {command[0]} to build {source}: {exc}") from exc
     if result.returncode != 0:
-        partial.unlink(missing_ok=True)
         raise KernelBuildError(
-            f"{cc} failed to build {source.name} (exit {result.returncode}): "
+            f"{command[0]} failed to build {source} (exit {result.returncode}): "
             f"{result.stderr.strip()[-2000:]}"
         )
-    os.chmod(partial, 0o700)
-    os.replace(partial, library)

@@ -1,0 +1,178 @@
+// The CPU kernels of the plugin's two ops, registered with torch's dispatcher:
+//   slotwise_cpu::linear        F.linear, products of a few rows by small_gemm.c
+//   slotwise_cpu::paged_decode  decode attention read in place by paged_decode.c
+//
+// Why C++ around the C kernels: each op runs once per layer and step, 41 times in a
+// decode step of the `small` preset, and a kernel written in Python costs 6 to 7 us a
+// call on top of the C kernel (the dispatcher calling back into Python, the argument
+// checks, ctypes); here the checks cost nanoseconds and the call goes straight from the
+// dispatcher to the kernel.  The schemas are defined in Python (slotwise_cpu/linear.py,
+// slotwise_cpu/paged_decode.py), so that they exist when this library cannot be built.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
+#include <torch/library.h>
+
+#include <optional>
+
+extern "C" {
+int slotwise_small_gemm(const void *x, int64_t x_stride, const void *weight, const void *bias,
+                        void *out, int64_t out_stride, int64_t m, int64_t n, int64_t k,
+                        int dtype, int num_threads);
+int slotwise_paged_decode(const void *q, int64_t q_stride_seq, int64_t q_stride_head,
+                          void *key_cache, void *value_cache, int64_t num_blocks,
+                          const int32_t *block_table, int64_t table_stride,
+                          int64_t table_width, const int32_t *seq_lens, void *out,
+                          int64_t out_stride_seq, int64_t out_stride_head, int64_t num_seqs,
+                          int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
+                          int64_t block_size, float scale, int dtype, int num_threads,
+                          const void *new_keys, int64_t new_key_stride,
+                          const void *new_values, int64_t new_value_stride,
+                          const int64_t *slot_mapping, int64_t num_new);
+}
+
+namespace {
+
+// The kernels' dtype codes (csrc/scalars.h), or -1 for a dtype they do not take.
+int dtype_code(at::ScalarType dtype) {
+    switch (dtype) {
+        case at::kFloat: return 0;
+        case at::kBFloat16: return 1;
+        case at::kHalf: return 2;
+        default: return -1;
+    }
+}
+
+// The most rows for which the small GEMM beat torch's GEMM on the plugin's benchmark
+// machine (docs/benchmarks.md): oneDNN's bfloat16 GEMM (AMX) catches up at 8 rows,
+// MKL's float32 GEMM at 16; float16 was still 1.3x slower at 8.
+int64_t max_kernel_rows(int code) { return code < 0 ? 0 : code == 1 ? 4 : 8; }
+
+at::Tensor linear(const at::Tensor &x, const at::Tensor &weight,
+                  const std::optional<at::Tensor> &bias) {
+    const int code = dtype_code(x.scalar_type());
+    const bool kernel_takes_it =
+        code >= 0 && x.dim() == 2 && x.size(0) <= max_kernel_rows(code) &&
+        weight.dim() == 2 && weight.scalar_type() == x.scalar_type() &&
+        x.size(1) == weight.size(1) && x.size(1) > 0 && x.stride(1) == 1 &&
+        weight.is_contiguous() &&
+        (!bias.has_value() ||
+         (bias->scalar_type() == x.scalar_type() && bias->is_contiguous() &&
+          bias->dim() == 1 && bias->size(0) == weight.size(0)));
+    if (!kernel_takes_it) return at::linear(x, weight, bias);
+    const int64_t rows = x.size(0), outputs = weight.size(0), inner = x.size(1);
+    at::Tensor out = at::empty({rows, outputs}, x.options());
+    const int status = slotwise_small_gemm(
+        x.data_ptr(), x.stride(0), weight.data_ptr(),
+        bias.has_value() ? bias->data_ptr() : nullptr, out.data_ptr(), outputs, rows, outputs,
+        inner, code, at::get_num_threads());
+    TORCH_CHECK_VALUE(status == 0, "slotwise_cpu.linear: the kernel refused ", rows, "x", inner,
+                      " @ ", inner, "x", outputs);
+    return out;
+}
+
+bool heads_contiguous(const at::Tensor &t, int64_t head_size) {
+    return t.dim() == 3 && t.stride(2) == 1 && t.stride(1) == head_size;
+}
+
+// The layouts the kernel reads through raw pointers; anything else would read the wrong
+// memory rather than fail.  Block ids, slots and lengths the kernel checks itself.
+void check_layouts(const at::Tensor &q, const at::Tensor &key_cache,
+                   const at::Tensor &value_cache, const at::Tensor &block_table,
+                   const at::Tensor &seq_lens, const at::Tensor &out,
+                   const std::optional<at::Tensor> &new_keys,
+                   const std::optional<at::Tensor> &new_values,
+                   const std::optional<at::Tensor> &slot_mapping) {
+    TORCH_CHECK_VALUE(
+        dtype_code(key_cache.scalar_type()) >= 0 && key_cache.dim() == 4 &&
+            value_cache.scalar_type() == key_cache.scalar_type() &&
+            key_cache.sizes() == value_cache.sizes() && key_cache.is_contiguous() &&
+            value_cache.is_contiguous() && key_cache.device().is_cpu() &&
+            value_cache.device().is_cpu(),
+        "paged_decode: needs contiguous CPU key and value caches of one shape "
+        "[num_blocks, block_size, num_kv_heads, head_size] and one dtype of float32, "
+        "bfloat16, float16; got ",
+        key_cache.scalar_type(), " ", key_cache.sizes(), " and ", value_cache.scalar_type(), " ",
+        value_cache.sizes());
+    const int64_t head_size = q.dim() == 3 ? q.size(2) : -1;
+    const bool with_new = new_keys.has_value() || new_values.has_value() ||
+                          slot_mapping.has_value();
+    bool ok = heads_contiguous(q, head_size) && q.device().is_cpu() &&
+              out.scalar_type() == q.scalar_type() && out.sizes() == q.sizes() &&
+              heads_contiguous(out, head_size) && out.device().is_cpu() &&
+              key_cache.scalar_type() == q.scalar_type() && key_cache.size(3) == head_size &&
+              block_table.scalar_type() == at::kInt && block_table.dim() == 2 &&
+              block_table.stride(1) == 1 && block_table.size(0) >= q.size(0) &&
+              block_table.device().is_cpu() && seq_lens.scalar_type() == at::kInt &&
+              seq_lens.dim() == 1 && seq_lens.size(0) == q.size(0) &&
+              seq_lens.is_contiguous() && seq_lens.device().is_cpu();
+    if (ok && with_new) {
+        ok = new_keys.has_value() && new_values.has_value() && slot_mapping.has_value();
+        if (ok) {
+            const at::Tensor &keys = *new_keys, &values = *new_values, &slots = *slot_mapping;
+            const int64_t kv_heads = key_cache.size(2);
+            ok = keys.scalar_type() == q.scalar_type() &&
+                 values.scalar_type() == q.scalar_type() && heads_contiguous(keys, head_size) &&
+                 heads_contiguous(values, head_size) && keys.size(1) == kv_heads &&
+                 values.size(1) == kv_heads && keys.device().is_cpu() &&
+                 values.device().is_cpu() && slots.scalar_type() == at::kLong &&
+                 slots.dim() == 1 && slots.is_contiguous() && slots.device().is_cpu() &&
+                 keys.size(0) == slots.size(0) && values.size(0) == slots.size(0);
+        }
+    }
+    TORCH_CHECK_VALUE(
+        ok,
+        "paged_decode: needs CPU tensors of the caches' dtype and head size, heads "
+        "contiguous in q, out and the new keys and values (all three or none), an int32 "
+        "block table with contiguous rows, int32 seq_lens (one per query) and int64 slots; "
+        "got q ",
+        q.scalar_type(), " ", q.sizes(), " strides ", q.strides(), ", out ", out.scalar_type(),
+        " ", out.sizes(), " strides ", out.strides(), ", key cache ", key_cache.scalar_type(),
+        " ", key_cache.sizes(), ", block table ", block_table.scalar_type(), ", seq_lens ",
+        seq_lens.scalar_type());
+}
+
+const char *status_message(int status) {
+    switch (status) {
+        case 1: return "bad sizes (heads not a multiple of key/value heads, or an empty dimension)";
+        case 2: return "a block id or slot outside the cache, or a sequence longer than its "
+                       "block table row";
+        case 3: return "out of memory for the partitions' partial results";
+        default: return "unknown status";
+    }
+}
+
+void paged_decode(const at::Tensor &q, const at::Tensor &key_cache,
+                  const at::Tensor &value_cache, const at::Tensor &block_table,
+                  const at::Tensor &seq_lens, const at::Tensor &out, double scale,
+                  const std::optional<at::Tensor> &new_keys,
+                  const std::optional<at::Tensor> &new_values,
+                  const std::optional<at::Tensor> &slot_mapping) {
+    check_layouts(q, key_cache, value_cache, block_table, seq_lens, out, new_keys, new_values,
+                  slot_mapping);
+    const bool with_new = new_keys.has_value();
+    const int status = slotwise_paged_decode(
+        q.data_ptr(), q.stride(0), q.stride(1), key_cache.data_ptr(), value_cache.data_ptr(),
+        key_cache.size(0), block_table.data_ptr<int32_t>(), block_table.stride(0),
+        block_table.size(1), seq_lens.data_ptr<int32_t>(), out.data_ptr(), out.stride(0),
+        out.stride(1), q.size(0), q.size(1), key_cache.size(2), q.size(2), key_cache.size(1),
+        static_cast<float>(scale), dtype_code(q.scalar_type()), at::get_num_threads(),
+        with_new ? new_keys->data_ptr() : nullptr, with_new ? new_keys->stride(0) : 0,
+        with_new ? new_values->data_ptr() : nullptr, with_new ? new_values->stride(0) : 0,
+        with_new ? slot_mapping->data_ptr<int64_t>() : nullptr,
+        with_new ? slot_mapping->size(0) : 0);
+    TORCH_CHECK_VALUE(status == 0, "paged_decode: ", status_message(status));
+}
+
+}  // namespace
+
+// For slotwise_cpu.linear.max_kernel_rows: the rule above is written only here.
+extern "C" int64_t slotwise_cpu_max_kernel_rows(int dtype_code) {
+    return max_kernel_rows(dtype_code);
+}
+
+TORCH_LIBRARY_IMPL(slotwise_cpu, CPU, m) {
+    m.impl("linear", &linear);
+    m.impl("paged_decode", &paged_decode);
+}
