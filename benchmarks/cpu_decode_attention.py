@@ -66,8 +66,7 @@ def build_case(lengths: list[int], dtype: Any, seed: int) -> dict[str, Any]:
         table[r, :count] = order[taken : taken + count]
         taken += count
     return {
-        "keys": torch.randn(shape, generator=generator).to(dtype),
-        "values": torch.randn(shape, generator=generator).to(dtype),
+        "kv_cache": torch.randn((2, *shape), generator=generator).to(dtype),
         "table": table,
         "lengths": torch.tensor(lengths, dtype=torch.int32),
         "q": torch.randn(len(lengths), HEADS, HEAD_SIZE, generator=generator).to(dtype),
@@ -85,13 +84,14 @@ def measure(case: dict[str, Any], iterations: int) -> dict[str, Any]:
     if not paged_decode.available():
         raise SystemExit("the paged decode kernel could not be built; see the warning above")
     out = torch.empty_like(case["q"])
-    keys, values, table, lengths, q = (case[k] for k in ("keys", "values", "table", "lengths", "q"))
+    kv_cache, table, lengths, q = (case[k] for k in ("kv_cache", "table", "lengths", "q"))
+    keys, values = kv_cache.unbind(0)
 
     def gathered() -> Any:
         return impl._decode(q, keys, values, table, lengths)
 
     def paged() -> Any:
-        paged_decode.paged_decode_op(q, keys, values, table, lengths, out, HEAD_SIZE**-0.5)
+        paged_decode.paged_decode_op(q, kv_cache, table, lengths, out, HEAD_SIZE**-0.5)
         return out
 
     variants = {"gathered": gathered, "paged kernel": paged}

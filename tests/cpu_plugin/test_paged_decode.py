@@ -37,10 +37,9 @@ def kernel():
 
 
 def paged_cache(num_blocks, block_size, kv_heads, head_size, dtype, generator):
-    shape = (num_blocks, block_size, kv_heads, head_size)
-    keys = torch.randn(shape, generator=generator).to(dtype)
-    values = torch.randn(shape, generator=generator).to(dtype)
-    return keys, values
+    """A layer's KV cache as allocated: [2 (keys, values), blocks, block size, heads, D]."""
+    shape = (2, num_blocks, block_size, kv_heads, head_size)
+    return torch.randn(shape, generator=generator).to(dtype)
 
 
 def shuffled_block_table(lengths, block_size, num_blocks, generator, spare=2):
@@ -82,25 +81,25 @@ def test_the_kernel_matches_float64_attention(kernel, dtype, layout):
     heads, kv_heads, head_size, block_size = layout
     generator = torch.Generator().manual_seed(heads * head_size + block_size)
     num_blocks = 3 * math.ceil(max(LENGTHS) / block_size) + 8
-    keys, values = paged_cache(num_blocks, block_size, kv_heads, head_size, dtype, generator)
+    kv_cache = paged_cache(num_blocks, block_size, kv_heads, head_size, dtype, generator)
     table = shuffled_block_table(LENGTHS, block_size, num_blocks, generator)
     lengths = torch.tensor(LENGTHS, dtype=torch.int32)
     q = (3 * torch.randn(len(LENGTHS), heads, head_size, generator=generator)).to(dtype)
     out = torch.empty_like(q)
-    paged_decode_op(q, keys, values, table, lengths, out, 0.37)
-    assert_matches(out, float64_reference(q, keys, values, table, LENGTHS, 0.37))
+    paged_decode_op(q, kv_cache, table, lengths, out, 0.37)
+    assert_matches(out, float64_reference(q, *kv_cache, table, LENGTHS, 0.37))
 
 
 def test_queries_may_be_rows_of_a_wider_tensor(kernel):
     """q as the model makes it: a view into the fused qkv projection (strided rows)."""
     generator = torch.Generator().manual_seed(1)
-    keys, values = paged_cache(40, 16, 2, 64, torch.float32, generator)
+    kv_cache = paged_cache(40, 16, 2, 64, torch.float32, generator)
     table = shuffled_block_table([33, 70], 16, 40, generator)
     qkv = torch.randn(2, (8 + 2 * 2) * 64, generator=generator)
     q = qkv[:, : 8 * 64].view(2, 8, 64)
     out = torch.empty(2, 8, 64)
-    paged_decode_op(q, keys, values, table, torch.tensor([33, 70], dtype=torch.int32), out, 0.125)
-    assert_matches(out, float64_reference(q, keys, values, table, [33, 70], 0.125))
+    paged_decode_op(q, kv_cache, table, torch.tensor([33, 70], dtype=torch.int32), out, 0.125)
+    assert_matches(out, float64_reference(q, *kv_cache, table, [33, 70], 0.125))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -116,8 +115,7 @@ def test_the_new_tokens_are_stored_before_they_are_attended_to(kernel, dtype):
     write_to_kv_cache(k, v, expected_cache, metadata.slot_mapping)
     q = torch.randn(2, 4, 32, generator=generator).to(dtype)
     out = torch.empty_like(q)
-    key_cache, value_cache = kv_cache.unbind(0)
-    paged_decode_op(q, key_cache, value_cache, metadata.block_table, metadata.seq_lens, out, 0.2,
+    paged_decode_op(q, kv_cache, metadata.block_table, metadata.seq_lens, out, 0.2,
         k, v, metadata.slot_mapping,
     )  # fmt: skip
     assert torch.equal(kv_cache, expected_cache)
@@ -136,7 +134,7 @@ def test_the_new_tokens_are_stored_before_they_are_attended_to(kernel, dtype):
     ],
 )
 def test_out_of_range_ids_are_refused_not_read(kernel, change, message):
-    keys = values = torch.zeros(4, 16, 1, 8)
+    kv_cache = torch.zeros(2, 4, 16, 1, 8)
     table = torch.tensor([[0, 1]], dtype=torch.int32)
     lengths = torch.tensor([20], dtype=torch.int32)
     new_kv = ()
@@ -150,18 +148,19 @@ def test_out_of_range_ids_are_refused_not_read(kernel, change, message):
         new_kv = (torch.zeros(1, 1, 8), torch.zeros(1, 1, 8), torch.tensor([64]))
     q = out = torch.zeros(1, 2, 8)
     with pytest.raises(ValueError, match=message):
-        paged_decode_op(q, keys, values, table, lengths, out, 1.0, *new_kv)
+        paged_decode_op(q, kv_cache, table, lengths, out, 1.0, *new_kv)
 
 
 def test_layouts_the_kernel_cannot_read_are_refused(kernel):
-    keys = values = torch.zeros(4, 16, 1, 8)
+    kv_cache = torch.zeros(2, 4, 16, 1, 8)
     table = torch.tensor([[0, 1]], dtype=torch.int32)
     lengths = torch.tensor([20], dtype=torch.int32)
     heads_last = torch.zeros(1, 8, 2).transpose(1, 2)  # [1, 2, 8], heads not contiguous
     with pytest.raises(ValueError, match="heads contiguous"):
-        paged_decode_op(heads_last, keys, values, table, lengths, torch.zeros(1, 2, 8), 1.0)
-    with pytest.raises(ValueError, match="the caches. dtype"):
-        paged_decode_op(torch.zeros(1, 2, 8, dtype=torch.bfloat16), keys, values, table, lengths,
+        paged_decode_op(heads_last, kv_cache, table, lengths, torch.zeros(1, 2, 8), 1.0)
+    with pytest.raises(ValueError, match="the cache.s dtype"):
+        paged_decode_op(
+            torch.zeros(1, 2, 8, dtype=torch.bfloat16), kv_cache, table, lengths,
             torch.zeros(1, 2, 8, dtype=torch.bfloat16), 1.0,
         )  # fmt: skip
 
@@ -170,12 +169,15 @@ def test_caches_and_head_sizes_the_kernel_cannot_read_are_refused(kernel):
     table = torch.tensor([[0, 1]], dtype=torch.int32)
     lengths = torch.tensor([20], dtype=torch.int32)
     q = out = torch.zeros(1, 2, 8)
-    heads_first = torch.zeros(4, 2, 16, 8).transpose(1, 2)  # [4, 16, 2, 8], not contiguous
-    with pytest.raises(ValueError, match="contiguous CPU key and value caches"):
-        paged_decode_op(q, heads_first, heads_first, table, lengths, out, 1.0)
-    wider = torch.zeros(4, 16, 2, 16)  # head size 16 against the query's 8
+    heads_first = torch.zeros(2, 4, 2, 16, 8).transpose(2, 3)  # [2, 4, 16, 2, 8], strided
+    with pytest.raises(ValueError, match="contiguous CPU KV cache"):
+        paged_decode_op(q, heads_first, table, lengths, out, 1.0)
+    halves = torch.zeros(4, 16, 2, 8)  # one half of a cache, not keys and values
+    with pytest.raises(ValueError, match="contiguous CPU KV cache"):
+        paged_decode_op(q, halves, table, lengths, out, 1.0)
+    wider = torch.zeros(2, 4, 16, 2, 16)  # head size 16 against the query's 8
     with pytest.raises(ValueError, match="head size"):
-        paged_decode_op(q, wider, wider, table, lengths, out, 1.0)
+        paged_decode_op(q, wider, table, lengths, out, 1.0)
 
 
 def test_a_layer_checks_each_new_cache_it_is_given(kernel):
@@ -188,7 +190,7 @@ def test_a_layer_checks_each_new_cache_it_is_given(kernel):
     impl.forward(None, q, k, v, torch.zeros(2, 4, 16, 2, 8), metadata, out)
     assert torch.isfinite(out).all()
     bad = torch.zeros(2, 4, 2, 16, 8).transpose(2, 3)  # same shape, not contiguous
-    with pytest.raises(ValueError, match="contiguous CPU key and value caches"):
+    with pytest.raises(ValueError, match="contiguous CPU KV cache"):
         impl.forward(None, q, k, v, bad, metadata, out)
 
 

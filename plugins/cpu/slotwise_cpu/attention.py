@@ -55,11 +55,9 @@ class CpuSdpaImpl(AttentionImpl):
         kernel = paged_decode.supports(q, kv_cache) and paged_decode.available()
         if kernel and num_decodes == num_tokens:
             # Only decodes: the kernel stores the new keys and values itself.
-            key_cache, value_cache = kv_cache.unbind(0)
             paged_decode_op(
                 _rows(q, num_decodes),
-                key_cache,
-                value_cache,
+                kv_cache,
                 metadata.block_table,
                 metadata.seq_lens,
                 _rows(output, num_decodes),
@@ -74,8 +72,7 @@ class CpuSdpaImpl(AttentionImpl):
         if num_decodes and kernel:
             paged_decode_op(
                 q[:num_decodes],
-                key_cache,
-                value_cache,
+                kv_cache,
                 metadata.block_table[:num_decodes],
                 metadata.seq_lens[:num_decodes],
                 output[:num_decodes],

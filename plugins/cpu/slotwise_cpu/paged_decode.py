@@ -13,10 +13,11 @@ leaves block ids, slots and lengths to the kernel's own checks.  Call it only wh
 ``available()``: where the library cannot be built, ``CPU_SDPA`` gathers instead.
 
 Arguments: q, out [num_seqs, num_heads, head_size] (rows may be strided, heads
-contiguous); key_cache, value_cache [num_blocks, block_size, num_kv_heads, head_size],
-contiguous; block_table int32 [num_seqs, >= blocks needed]; seq_lens int32 [num_seqs],
-the tokens each query attends to, its own included; optionally the new keys and values
-[num_new, num_kv_heads, head_size] with their int64 slot_mapping [num_new], stored first.
+contiguous); kv_cache [2, num_blocks, block_size, num_kv_heads, head_size], keys then
+values, contiguous (the layer's cache as allocated); block_table int32 [num_seqs, >= blocks
+needed]; seq_lens int32 [num_seqs], the tokens each query attends to, its own included;
+optionally the new keys and values [num_new, num_kv_heads, head_size] with their int64
+slot_mapping [num_new], stored first.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 _library = torch.library.Library("slotwise_cpu", "FRAGMENT")
 _library.define(
-    "paged_decode(Tensor q, Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor block_table, "
-    "Tensor seq_lens, Tensor(c!) out, float scale, Tensor? new_keys=None, "
-    "Tensor? new_values=None, Tensor? slot_mapping=None) -> ()"
+    "paged_decode(Tensor q, Tensor(a!) kv_cache, Tensor block_table, Tensor seq_lens, "
+    "Tensor(b!) out, float scale, Tensor? new_keys=None, Tensor? new_values=None, "
+    "Tensor? slot_mapping=None) -> ()"
 )
-#: The op, to call: ``paged_decode_op(q, key_cache, value_cache, block_table, ...)``.
+#: The op, to call: ``paged_decode_op(q, kv_cache, block_table, seq_lens, out, scale, ...)``.
 paged_decode_op = torch.ops.slotwise_cpu.paged_decode.default
 
 

@@ -78,30 +78,24 @@ bool heads_contiguous(const at::Tensor &t, int64_t head_size) {
 
 // The layouts the kernel reads through raw pointers; anything else would read the wrong
 // memory rather than fail.  Block ids, slots and lengths the kernel checks itself.
-void check_layouts(const at::Tensor &q, const at::Tensor &key_cache,
-                   const at::Tensor &value_cache, const at::Tensor &block_table,
+void check_layouts(const at::Tensor &q, const at::Tensor &kv_cache, const at::Tensor &block_table,
                    const at::Tensor &seq_lens, const at::Tensor &out,
                    const std::optional<at::Tensor> &new_keys,
                    const std::optional<at::Tensor> &new_values,
                    const std::optional<at::Tensor> &slot_mapping) {
     TORCH_CHECK_VALUE(
-        dtype_code(key_cache.scalar_type()) >= 0 && key_cache.dim() == 4 &&
-            value_cache.scalar_type() == key_cache.scalar_type() &&
-            key_cache.sizes() == value_cache.sizes() && key_cache.is_contiguous() &&
-            value_cache.is_contiguous() && key_cache.device().is_cpu() &&
-            value_cache.device().is_cpu(),
-        "paged_decode: needs contiguous CPU key and value caches of one shape "
-        "[num_blocks, block_size, num_kv_heads, head_size] and one dtype of float32, "
-        "bfloat16, float16; got ",
-        key_cache.scalar_type(), " ", key_cache.sizes(), " and ", value_cache.scalar_type(), " ",
-        value_cache.sizes());
+        dtype_code(kv_cache.scalar_type()) >= 0 && kv_cache.dim() == 5 && kv_cache.size(0) == 2 &&
+            kv_cache.is_contiguous() && kv_cache.device().is_cpu(),
+        "paged_decode: needs a contiguous CPU KV cache [2, num_blocks, block_size, "
+        "num_kv_heads, head_size] (keys, then values) of float32, bfloat16 or float16; got ",
+        kv_cache.scalar_type(), " ", kv_cache.sizes(), " strides ", kv_cache.strides());
     const int64_t head_size = q.dim() == 3 ? q.size(2) : -1;
     const bool with_new = new_keys.has_value() || new_values.has_value() ||
                           slot_mapping.has_value();
     bool ok = heads_contiguous(q, head_size) && q.device().is_cpu() &&
               out.scalar_type() == q.scalar_type() && out.sizes() == q.sizes() &&
               heads_contiguous(out, head_size) && out.device().is_cpu() &&
-              key_cache.scalar_type() == q.scalar_type() && key_cache.size(3) == head_size &&
+              kv_cache.scalar_type() == q.scalar_type() && kv_cache.size(4) == head_size &&
               block_table.scalar_type() == at::kInt && block_table.dim() == 2 &&
               block_table.stride(1) == 1 && block_table.size(0) >= q.size(0) &&
               block_table.device().is_cpu() && seq_lens.scalar_type() == at::kInt &&
@@ -111,7 +105,7 @@ void check_layouts(const at::Tensor &q, const at::Tensor &key_cache,
         ok = new_keys.has_value() && new_values.has_value() && slot_mapping.has_value();
         if (ok) {
             const at::Tensor &keys = *new_keys, &values = *new_values, &slots = *slot_mapping;
-            const int64_t kv_heads = key_cache.size(2);
+            const int64_t kv_heads = kv_cache.size(3);
             ok = keys.scalar_type() == q.scalar_type() &&
                  values.scalar_type() == q.scalar_type() && heads_contiguous(keys, head_size) &&
                  heads_contiguous(values, head_size) && keys.size(1) == kv_heads &&
@@ -123,13 +117,13 @@ void check_layouts(const at::Tensor &q, const at::Tensor &key_cache,
     }
     TORCH_CHECK_VALUE(
         ok,
-        "paged_decode: needs CPU tensors of the caches' dtype and head size, heads "
+        "paged_decode: needs CPU tensors of the cache's dtype and head size, heads "
         "contiguous in q, out and the new keys and values (all three or none), an int32 "
         "block table with contiguous rows, int32 seq_lens (one per query) and int64 slots; "
         "got q ",
         q.scalar_type(), " ", q.sizes(), " strides ", q.strides(), ", out ", out.scalar_type(),
-        " ", out.sizes(), " strides ", out.strides(), ", key cache ", key_cache.scalar_type(),
-        " ", key_cache.sizes(), ", block table ", block_table.scalar_type(), ", seq_lens ",
+        " ", out.sizes(), " strides ", out.strides(), ", KV cache ", kv_cache.scalar_type(),
+        " ", kv_cache.sizes(), ", block table ", block_table.scalar_type(), ", seq_lens ",
         seq_lens.scalar_type());
 }
 
@@ -143,21 +137,21 @@ const char *status_message(int status) {
     }
 }
 
-void paged_decode(const at::Tensor &q, const at::Tensor &key_cache,
-                  const at::Tensor &value_cache, const at::Tensor &block_table,
+void paged_decode(const at::Tensor &q, const at::Tensor &kv_cache, const at::Tensor &block_table,
                   const at::Tensor &seq_lens, const at::Tensor &out, double scale,
                   const std::optional<at::Tensor> &new_keys,
                   const std::optional<at::Tensor> &new_values,
                   const std::optional<at::Tensor> &slot_mapping) {
-    check_layouts(q, key_cache, value_cache, block_table, seq_lens, out, new_keys, new_values,
-                  slot_mapping);
+    check_layouts(q, kv_cache, block_table, seq_lens, out, new_keys, new_values, slot_mapping);
     const bool with_new = new_keys.has_value();
+    char *keys = static_cast<char *>(kv_cache.data_ptr());
+    char *values = keys + kv_cache.numel() / 2 * kv_cache.element_size();
     const int status = slotwise_paged_decode(
-        q.data_ptr(), q.stride(0), q.stride(1), key_cache.data_ptr(), value_cache.data_ptr(),
-        key_cache.size(0), block_table.data_ptr<int32_t>(), block_table.stride(0),
-        block_table.size(1), seq_lens.data_ptr<int32_t>(), out.data_ptr(), out.stride(0),
-        out.stride(1), q.size(0), q.size(1), key_cache.size(2), q.size(2), key_cache.size(1),
-        static_cast<float>(scale), dtype_code(q.scalar_type()), at::get_num_threads(),
+        q.data_ptr(), q.stride(0), q.stride(1), keys, values, kv_cache.size(1),
+        block_table.data_ptr<int32_t>(), block_table.stride(0), block_table.size(1),
+        seq_lens.data_ptr<int32_t>(), out.data_ptr(), out.stride(0), out.stride(1), q.size(0),
+        q.size(1), kv_cache.size(3), q.size(2), kv_cache.size(2), static_cast<float>(scale),
+        dtype_code(q.scalar_type()), at::get_num_threads(),
         with_new ? new_keys->data_ptr() : nullptr, with_new ? new_keys->stride(0) : 0,
         with_new ? new_values->data_ptr() : nullptr, with_new ? new_values->stride(0) : 0,
         with_new ? slot_mapping->data_ptr<int64_t>() : nullptr,
