@@ -45,9 +45,10 @@ int dtype_code(at::ScalarType dtype) {
 }
 
 // The most rows for which the small GEMM beat torch's GEMM on the plugin's benchmark
-// machine (docs/benchmarks.md): oneDNN's bfloat16 GEMM (AMX) catches up at 8 rows,
-// MKL's float32 GEMM at 16; float16 was still 1.3x slower at 8.
-int64_t max_kernel_rows(int code) { return code < 0 ? 0 : code == 1 ? 4 : 8; }
+// machine (docs/benchmarks.md): oneDNN's bfloat16 GEMM (AMX) ties at 8 rows and wins from
+// 12; in float32 and float16 the kernel is faster up to its limit of 16 rows (1.5x MKL in
+// float32 at 8 and 16 rows, 1.1x to 1.2x oneDNN in float16 at 12 and 16).
+int64_t max_kernel_rows(int code) { return code < 0 ? 0 : code == 1 ? 4 : 16; }
 
 at::Tensor linear(const at::Tensor &x, const at::Tensor &weight,
                   const std::optional<at::Tensor> &bias) {

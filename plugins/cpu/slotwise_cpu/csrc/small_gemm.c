@@ -49,71 +49,112 @@ static inline void dot_rows_scalar(const Problem *p, int64_t row, int64_t rows,
 }
 
 #ifdef __AVX512F__
-static inline __mmask16 mask16(int64_t left) {
-    return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
-}
-
-/* 16 elements (fewer at the end: the rest zero) of ``dtype`` as float32. */
-static inline __m512 load16(const char *p, int64_t left, int dtype) {
-    const __mmask16 mask = mask16(left);
+/* 16 elements of ``dtype`` as float32, those outside ``mask`` zero. */
+static inline __m512 load16(const char *p, __mmask16 mask, int dtype) {
     if (dtype == DTYPE_FLOAT32) return _mm512_maskz_loadu_ps(mask, p);
     const __m256i half = _mm256_maskz_loadu_epi16(mask, p);
     if (dtype == DTYPE_FLOAT16) return _mm512_cvtph_ps(half);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
 
-/* Asks for the cache line PREFETCH_GROUPS groups of rows further on while this one is
+/* The weight rows PREFETCH_GROUPS groups further on are asked for while this group is
  * read: with several rows streamed at once the hardware prefetcher falls behind
  * (measured: bfloat16 11 -> 16 GB/s on one core).  A prefetch past the end is harmless. */
-static inline void prefetch_ahead(const Problem *p, int64_t row, int64_t column, int64_t elem) {
-    __builtin_prefetch(p->weight + ((row + PREFETCH_GROUPS * ROWS) * p->k + column) * elem, 0, 3);
+static inline __attribute__((always_inline)) void prefetch_ahead(const char *const w[ROWS],
+                                                                 int64_t ahead, int64_t byte) {
+    for (int64_t r = 0; r < ROWS; r++) __builtin_prefetch(w[r] + ahead + byte, 0, 3);
 }
+
+/* The accumulators of a block, one per weight row r and row i of x: named variables, not
+ * an array, so that the compiler keeps all sixteen in registers (an array of vectors it
+ * also stored to the stack on every step along k, which halved the kernel's speed). */
+#define ACCUMULATORS(OP) \
+    OP(0, 0) OP(0, 1) OP(0, 2) OP(0, 3) OP(1, 0) OP(1, 1) OP(1, 2) OP(1, 3) \
+    OP(2, 0) OP(2, 1) OP(2, 2) OP(2, 3) OP(3, 0) OP(3, 1) OP(3, 2) OP(3, 3)
+#define DECLARE(r, i) __m512 a##r##i = _mm512_setzero_ps();
+#define REDUCE(r, i) \
+    if (i < count) sums[r][first + i] = _mm512_reduce_add_ps(a##r##i);
+
+/* One step along k, ``lanes`` elements loaded under ``mask`` (all ones but at the end of a
+ * row): x row i (i < count) against the ROWS weight rows, each vector loaded once. */
+#ifdef __AVX512BF16__
+#define LOAD_X_BF16(i) \
+    const __m512bh x##i = i < count ? (__m512bh)_mm512_maskz_loadu_epi16(mask, x[i] + byte) \
+                                    : (__m512bh)_mm512_setzero_si512();
+#define FMA_BF16(r, i) if (i < count) a##r##i = _mm512_dpbf16_ps(a##r##i, w##r, x##i);
+#define LOAD_W_BF16(r) \
+    const __m512bh w##r = (__m512bh)_mm512_maskz_loadu_epi16(mask, w[r] + byte);
+#endif
+#define LOAD_X(i) \
+    const __m512 x##i = i < count ? load16(x[i] + byte, (__mmask16)mask, dtype) \
+                                  : _mm512_setzero_ps();
+#define LOAD_W(r) const __m512 w##r = load16(w[r] + byte, (__mmask16)mask, dtype);
+#define FMA(r, i) if (i < count) a##r##i = _mm512_fmadd_ps(w##r, x##i, a##r##i);
+
+#ifdef __AVX512BF16__
+#define DOT_STEP(mask_value)                                                   \
+    do {                                                                       \
+        const __mmask32 mask = (mask_value);                                   \
+        if (dtype == DTYPE_BFLOAT16) {                                         \
+            LOAD_X_BF16(0) LOAD_X_BF16(1) LOAD_X_BF16(2) LOAD_X_BF16(3)        \
+            LOAD_W_BF16(0) LOAD_W_BF16(1) LOAD_W_BF16(2) LOAD_W_BF16(3)        \
+            ACCUMULATORS(FMA_BF16)                                             \
+        } else {                                                               \
+            LOAD_X(0) LOAD_X(1) LOAD_X(2) LOAD_X(3)                            \
+            LOAD_W(0) LOAD_W(1) LOAD_W(2) LOAD_W(3)                            \
+            ACCUMULATORS(FMA)                                                  \
+        }                                                                      \
+    } while (0)
+#else
+#define DOT_STEP(mask_value)                                                   \
+    do {                                                                       \
+        const __mmask32 mask = (mask_value);                                   \
+        LOAD_X(0) LOAD_X(1) LOAD_X(2) LOAD_X(3)                                \
+        LOAD_W(0) LOAD_W(1) LOAD_W(2) LOAD_W(3)                                \
+        ACCUMULATORS(FMA)                                                      \
+    } while (0)
+#endif
 
 /* sums[r][i] = x[i] . weight[row + r] for i in [first, first + count), count <= 4, so
  * the accumulators stay in registers; the weight rows come from the L1 cache after the
- * first such call. */
+ * first such call.  Whole steps along k run without masks, the last partial one with. */
 static inline __attribute__((always_inline)) void dot_block(const Problem *p, int64_t row,
                                                             int64_t first, const int64_t count,
                                                             const int dtype,
                                                             float sums[ROWS][MAX_M]) {
     const int64_t k = p->k, elem = dtype == DTYPE_FLOAT32 ? 4 : 2;
-    __m512 acc[ROWS][4];
-    for (int64_t r = 0; r < ROWS; r++)
-        for (int64_t i = 0; i < count; i++) acc[r][i] = _mm512_setzero_ps();
 #ifdef __AVX512BF16__
-    if (dtype == DTYPE_BFLOAT16) {
-        for (int64_t j = 0; j < k; j += 32) {
-            const __mmask32 mask = k - j >= 32 ? (__mmask32)0xffffffffu
-                                               : (__mmask32)((1u << (k - j)) - 1u);
-            __m512bh x[4];
-            for (int64_t i = 0; i < count; i++)
-                x[i] = (__m512bh)_mm512_maskz_loadu_epi16(
-                    mask, p->x + ((first + i) * p->x_stride + j) * elem);
-            for (int64_t r = 0; r < ROWS; r++) {
-                prefetch_ahead(p, row + r, j, elem);
-                const __m512bh w = (__m512bh)_mm512_maskz_loadu_epi16(
-                    mask, p->weight + ((row + r) * k + j) * elem);
-                for (int64_t i = 0; i < count; i++)
-                    acc[r][i] = _mm512_dpbf16_ps(acc[r][i], w, x[i]);
-            }
-        }
-    } else
+    const int64_t lanes = dtype == DTYPE_BFLOAT16 ? 32 : 16;
+#else
+    const int64_t lanes = 16;
 #endif
-    {
-        for (int64_t j = 0; j < k; j += 16) {
-            __m512 x[4];
-            for (int64_t i = 0; i < count; i++)
-                x[i] = load16(p->x + ((first + i) * p->x_stride + j) * elem, k - j, dtype);
-            for (int64_t r = 0; r < ROWS; r++) {
-                prefetch_ahead(p, row + r, j, elem);
-                const __m512 w = load16(p->weight + ((row + r) * k + j) * elem, k - j, dtype);
-                for (int64_t i = 0; i < count; i++) acc[r][i] = _mm512_fmadd_ps(w, x[i], acc[r][i]);
-            }
-        }
+    const char *w[ROWS], *x[4];
+    for (int64_t r = 0; r < ROWS; r++) w[r] = p->weight + (row + r) * k * elem;
+    for (int64_t i = 0; i < 4; i++) x[i] = p->x + (first + (i < count ? i : 0)) * p->x_stride * elem;
+    const int64_t ahead = PREFETCH_GROUPS * ROWS * k * elem;
+    ACCUMULATORS(DECLARE)
+    int64_t j = 0;
+    for (; j + lanes <= k; j += lanes) {
+        const int64_t byte = j * elem;
+        prefetch_ahead(w, ahead, byte);
+        DOT_STEP(lanes == 32 ? (__mmask32)0xffffffffu : (__mmask32)0xffffu);
     }
-    for (int64_t r = 0; r < ROWS; r++)
-        for (int64_t i = 0; i < count; i++) sums[r][first + i] = _mm512_reduce_add_ps(acc[r][i]);
+    if (j < k) {
+        const int64_t byte = j * elem;
+        DOT_STEP((__mmask32)((1ull << (k - j)) - 1u));
+    }
+    ACCUMULATORS(REDUCE)
 }
+#undef DOT_STEP
+#undef FMA
+#undef LOAD_W
+#undef LOAD_X
+#undef FMA_BF16
+#undef LOAD_W_BF16
+#undef LOAD_X_BF16
+#undef REDUCE
+#undef DECLARE
+#undef ACCUMULATORS
 
 /* dot_block with constant sizes and dtype, so its accumulators live in registers. */
 #define DOT_BLOCK_FOR(DTYPE)                                                            \
