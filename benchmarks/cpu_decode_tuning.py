@@ -4,11 +4,13 @@ Why: a batch-1 decode step reads every weight once, so it can go no faster than 
 weights stream from memory; the CPU plugin keeps what is measured to bring it closer.
 Two parts, each interleaved round by round, in one process:
 
-1. *One-row products* on the ``small`` preset's weight shapes (8 layers of qkv, o, gate/up
-   and down projections, and the LM head; 109 MB in float32): torch's ``F.linear`` (MKL
-   for float32, oneDNN for bfloat16), the plugin's small-GEMM kernel, and oneDNN's and
-   MKL's prepacked linears (which need the weights packed ahead of time: the treatment
-   Inductor's freezing gives constant weights).
+1. *Products of 1 to 16 rows* (``--rows``) on the ``small`` preset's weight shapes (8
+   layers of qkv, o, gate/up and down projections, and the LM head; 109 MB in float32):
+   torch's ``F.linear`` (MKL for float32, oneDNN for bfloat16), the plugin's op (which
+   gives the kernel the rows ``max_kernel_rows`` allows and torch the rest), the
+   small-GEMM kernel called bare (its time without the op's dispatch, at any rows), and
+   oneDNN's and MKL's prepacked linears (which need the weights packed ahead of time: the
+   treatment Inductor's freezing gives constant weights).
 2. *Level-3 variants* of the ``small`` preset at batch 1: split at attention (as on a
    platform with static graphs) with slotwise's own piecewise backend and with the CPU
    plugin's (one-row products on the small-GEMM op); the CPU plugin's default, the model
@@ -78,30 +80,68 @@ def weight_shapes() -> list[tuple[int, int]]:
     return layer * c.num_layers + [(c.vocab_size, c.hidden_size)]
 
 
-def product_variants(dtype: Any) -> tuple[dict[str, Callable[[], None]], int]:
-    """One pass over every weight of the preset per variant; and the bytes it reads."""
+def product_variants(dtype: Any, rows: int) -> tuple[dict[str, Callable[[], None]], int]:
+    """One pass over every weight of the preset per variant, for ``rows`` rows of input;
+    and the bytes it reads."""
+    import ctypes
+
     import torch
     import torch.nn.functional as F
 
-    from slotwise_cpu import linear
+    from slotwise_cpu import linear, native
 
     generator = torch.Generator().manual_seed(0)
     weights = [torch.randn(shape, generator=generator).to(dtype) for shape in weight_shapes()]
-    inputs = {k: torch.randn(1, k, generator=generator).to(dtype) for _, k in weight_shapes()}
+    inputs = {k: torch.randn(rows, k, generator=generator).to(dtype) for _, k in weight_shapes()}
     pairs = [(inputs[w.shape[1]], w) for w in weights]
     variants = {"torch F.linear": lambda: [F.linear(x, w) for x, w in pairs]}
-    if linear.runs_kernel(dtype):  # the op takes one row in every kernel dtype
-        variants["slotwise_cpu small GEMM"] = lambda: [
+    library = native.load_kernels()
+    if library is not None and dtype in linear.KERNEL_DTYPES:
+        # The op as compiled pieces call it (it hands rows over max_kernel_rows to torch),
+        # and the C kernel itself, called bare: the difference is the op's dispatch.
+        variants["slotwise_cpu.linear op"] = lambda: [
             linear.linear_op(x, w, None) for x, w in pairs
         ]
+        kernel = library.slotwise_small_gemm
+        kernel.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            *[ctypes.c_int64] * 4,
+            ctypes.c_int,
+            ctypes.c_int,
+        ]
+        kernel.restype = ctypes.c_int
+        code = linear.KERNEL_DTYPES[dtype]
+
+        def bare_kernel() -> None:
+            for x, w in pairs:
+                out = torch.empty(rows, w.shape[0], dtype=dtype)
+                kernel(
+                    x.data_ptr(),
+                    x.shape[1],
+                    w.data_ptr(),
+                    None,
+                    out.data_ptr(),
+                    w.shape[0],
+                    rows,
+                    w.shape[0],
+                    w.shape[1],
+                    code,
+                    torch.get_num_threads(),
+                )
+
+        variants["small GEMM kernel, bare C call"] = bare_kernel
     packed = [(x, torch.ops.mkldnn._reorder_linear_weight(w, 1)) for x, w in pairs]
     variants["oneDNN prepacked"] = lambda: [
         torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "") for x, p in packed
     ]
     if dtype == torch.float32:
-        mkl = [(x, torch.ops.mkl._mkl_reorder_linear_weight(w, 1), w) for x, w in pairs]
+        mkl = [(x, torch.ops.mkl._mkl_reorder_linear_weight(w, rows), w) for x, w in pairs]
         variants["MKL prepacked"] = lambda: [
-            torch.ops.mkl._mkl_linear(x, p, w, None, 1) for x, p, w in mkl
+            torch.ops.mkl._mkl_linear(x, p, w, None, rows) for x, p, w in mkl
         ]
     nbytes = sum(w.numel() * w.element_size() for w in weights)
     return variants, nbytes
@@ -182,14 +222,17 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     level3: dict[str, Any] = {}
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
-        variants, nbytes = product_variants(dtype)
-        bandwidth = measure_read_bandwidth(nbytes, device="cpu").bytes_per_second
-        medians = interleaved(variants, args.rounds)
-        products[dtype_name] = {
-            "bytes": nbytes,
-            "read_bandwidth_gb_s": bandwidth / 1e9,
-            "ms": {name: t * 1e3 for name, t in medians.items()},
-        }
+        for rows in args.rows:
+            variants, nbytes = product_variants(dtype, rows)
+            bandwidth = measure_read_bandwidth(nbytes, device="cpu").bytes_per_second
+            medians = interleaved(variants, args.rounds)
+            products.setdefault(dtype_name, {})[rows] = {
+                "bytes": nbytes,
+                "read_bandwidth_gb_s": bandwidth / 1e9,
+                "ms": {name: t * 1e3 for name, t in medians.items()},
+            }
+        if not args.level3:
+            continue
         steps, differences, compile_seconds, step_bytes = level3_steps(dtype, threads)
         torch.set_num_threads(threads)
         bandwidth = measure_read_bandwidth(step_bytes, device="cpu").bytes_per_second
@@ -219,39 +262,53 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"{report['torch_threads']} threads, {report['rounds']} interleaved rounds, load "
         f"average {report['load_average']:.1f} at the end.",
         "",
-        "One-row products over the `small` preset's weights:",
+        "Products of a few rows over the `small` preset's weights (GB/s: the weights' bytes "
+        "over the time):",
         "",
-        "| dtype | variant | ms | GB/s | vs torch |",
-        "|---|---|---:|---:|---:|",
+        "| dtype | rows | variant | ms | GB/s | vs torch |",
+        "|---|---:|---|---:|---:|---:|",
     ]
-    for dtype, part in report["products"].items():
-        torch_ms = part["ms"]["torch F.linear"]
-        for name, ms in part["ms"].items():
+    for dtype, by_rows in report["products"].items():
+        for rows, part in by_rows.items():
+            torch_ms = part["ms"]["torch F.linear"]
+            for name, ms in part["ms"].items():
+                lines.append(
+                    f"| {dtype} | {rows} | {name} | {ms:.2f} | {part['bytes'] / ms / 1e6:.1f} "
+                    f"| {torch_ms / ms:.2f}x |"
+                )
+    if report["level3"]:
+        lines += [
+            "",
+            "Level-3 decode steps of the `small` preset at batch 1:",
+            "",
+            "| dtype | variant | p50 ms | of roofline | vs CPU plugin | max \\|dlogit\\| vs eager "
+            "| compile s |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
+        for dtype, part in report["level3"].items():
+            plugin_ms = part["p50_ms"]["level3, CPU plugin"]
+            for name, ms in part["p50_ms"].items():
+                lines.append(
+                    f"| {dtype} | {name} | {ms:.2f} | {part['roofline_ms'] / ms:.2f} "
+                    f"| {plugin_ms / ms:.2f}x | {part['max_abs_logit_diff_vs_eager'][name]:.1e} "
+                    f"| {part['compile_seconds'][name]:.1f} |"
+                )
             lines.append(
-                f"| {dtype} | {name} | {ms:.2f} | {part['bytes'] / ms / 1e6:.1f} "
-                f"| {torch_ms / ms:.2f}x |"
+                f"| {dtype} | (roofline: {part['bytes_per_step'] / 1e6:.1f} MB at "
+                f"{part['read_bandwidth_gb_s']:.1f} GB/s) | {part['roofline_ms']:.2f} | | | | |"
             )
-    lines += [
-        "",
-        "Level-3 decode steps of the `small` preset at batch 1:",
-        "",
-        "| dtype | variant | p50 ms | of roofline | vs CPU plugin | max \\|dlogit\\| vs eager "
-        "| compile s |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for dtype, part in report["level3"].items():
-        plugin_ms = part["p50_ms"]["level3, CPU plugin"]
-        for name, ms in part["p50_ms"].items():
-            lines.append(
-                f"| {dtype} | {name} | {ms:.2f} | {part['roofline_ms'] / ms:.2f} "
-                f"| {plugin_ms / ms:.2f}x | {part['max_abs_logit_diff_vs_eager'][name]:.1e} "
-                f"| {part['compile_seconds'][name]:.1f} |"
-            )
-        lines.append(
-            f"| {dtype} | (roofline: {part['bytes_per_step'] / 1e6:.1f} MB at "
-            f"{part['read_bandwidth_gb_s']:.1f} GB/s) | {part['roofline_ms']:.2f} | | | | |"
-        )
     return "\n".join(lines) + "\n"
+
+
+def _rows(text: str) -> list[int]:
+    try:
+        rows = [int(part) for part in text.split(",")]
+    except ValueError:
+        message = f"{text!r} is not a comma-separated list of rows"
+        raise argparse.ArgumentTypeError(message) from None
+    if not all(1 <= r <= 16 for r in rows):
+        raise argparse.ArgumentTypeError(f"rows must be 1 to 16 (the kernel's limit); got {text}")
+    return rows
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -259,6 +316,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=20, help="interleaved timed rounds")
     add_dtypes_arg(parser, "comma-separated: float32, bfloat16, float16")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument(
+        "--rows", type=_rows, default=[1, 4, 8, 16],
+        help="comma-separated rows of input for the products part (1 to 16)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-level3", dest="level3", action="store_false",
+        help="only the products part (the level-3 part compiles ten models per dtype)",
+    )  # fmt: skip
     add_output_args(parser)
     args = parser.parse_args(argv)
     if args.rounds < 1:
