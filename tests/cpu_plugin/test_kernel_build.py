@@ -16,9 +16,10 @@ from support import clean_env
 
 pytestmark = pytest.mark.slow  # each case starts a Python process that imports torch
 
-#: Runs one decode through the CPU backend, checking it against SDPA on a dense copy, and
-#: one linear op call, checking it against float64 (kernel) or F.linear exactly (torch);
-#: prints which paths ran.
+#: Calls the linear op first (in a fresh process its Python stand-in loads the kernels and
+#: calls the op again), checking it against float64 (kernel) or F.linear exactly (torch);
+#: then runs one decode through the CPU backend, checking it against SDPA on a dense
+#: copy; prints which paths ran.
 DECODE = """
 import logging, sys
 import torch
@@ -28,6 +29,15 @@ from slotwise_cpu import linear, paged_decode
 from slotwise_cpu.attention import CpuSdpaImpl
 
 torch.manual_seed(0)
+assert not torch._C._dispatch_has_kernel_for_dispatch_key(linear.LINEAR_OP, "CPU")
+x, weight = torch.randn(2, 64).bfloat16(), torch.randn(48, 64).bfloat16()
+product = linear.linear_op(x, weight, None)
+if linear.runs_kernel(torch.bfloat16):
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(linear.LINEAR_OP, "CPU")
+    exact = x.double() @ weight.double().T
+    assert ((product.double() - exact).abs() <= 2 ** -8 * exact.abs() + 1e-4).all()
+else:
+    assert torch.equal(product, torch.nn.functional.linear(x, weight))
 impl = CpuSdpaImpl(4, 16, 0.25, 2)
 kv_cache = torch.randn(2, 4, 16, 2, 16)
 metadata = AttentionMetadataBuilder(16).build([1], [20], [[2, 0]])
@@ -39,13 +49,13 @@ values = kv_cache[1][[2, 0]].reshape(32, 2, 16)[:21].repeat_interleave(2, 1).tra
 expected = torch.nn.functional.scaled_dot_product_attention(
     q.transpose(0, 1)[:, :, None], keys[:, None], values[:, None], scale=0.25)[:, :, 0]
 torch.testing.assert_close(out, expected.transpose(0, 1))
-x, weight = torch.randn(2, 64).bfloat16(), torch.randn(48, 64).bfloat16()
-product = linear.linear_op(x, weight, None)
-if linear.runs_kernel(torch.bfloat16):
-    exact = x.double() @ weight.double().T
-    assert ((product.double() - exact).abs() <= 2 ** -8 * exact.abs() + 1e-4).all()
-else:
-    assert torch.equal(product, torch.nn.functional.linear(x, weight))
+if not paged_decode.available():  # called anyway, the op says why it cannot run
+    try:
+        paged_decode.paged_decode_op(q, kv_cache, metadata.block_table, metadata.seq_lens, out, 1.0)
+    except RuntimeError as error:
+        assert "needs the CPU plugin's kernels, which could not be built" in str(error)
+    else:
+        raise AssertionError("paged_decode ran without its kernel")
 print("kernel" if paged_decode.available() else "gathered",
       "small-gemm" if linear.runs_kernel(torch.bfloat16) else "torch-gemm")
 """

@@ -16,21 +16,7 @@
 
 #include <optional>
 
-extern "C" {
-int slotwise_small_gemm(const void *x, int64_t x_stride, const void *weight, const void *bias,
-                        void *out, int64_t out_stride, int64_t m, int64_t n, int64_t k,
-                        int dtype, int num_threads);
-int slotwise_paged_decode(const void *q, int64_t q_stride_seq, int64_t q_stride_head,
-                          void *key_cache, void *value_cache, int64_t num_blocks,
-                          const int32_t *block_table, int64_t table_stride,
-                          int64_t table_width, const int32_t *seq_lens, void *out,
-                          int64_t out_stride_seq, int64_t out_stride_head, int64_t num_seqs,
-                          int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
-                          int64_t block_size, float scale, int dtype, int num_threads,
-                          const void *new_keys, int64_t new_key_stride,
-                          const void *new_values, int64_t new_value_stride,
-                          const int64_t *slot_mapping, int64_t num_new);
-}
+#include "kernels.h"
 
 namespace {
 

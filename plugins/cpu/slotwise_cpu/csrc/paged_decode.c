@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "scalars.h"
 
 #ifdef __AVX512F__

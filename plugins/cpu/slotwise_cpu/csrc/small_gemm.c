@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "scalars.h"
 
 #ifdef __AVX512F__
