@@ -83,7 +83,7 @@ def test_the_kernels_are_built_once_loaded_from_the_cache_and_rebuilt_if_tampere
     first = run(tmp_path)
     assert first.returncode == 0, first.stderr
     assert first.stdout.split() == WITH_KERNELS
-    assert "building ops.cpp" in first.stderr and "building paged_decode.c" in first.stderr
+    assert "building the plugin's kernels" in first.stderr
     (library,) = kernel_folder(tmp_path).glob("ops-*.so")
     assert library.stat().st_mode & 0o777 == 0o700
     second = run(tmp_path)
@@ -92,7 +92,7 @@ def test_the_kernels_are_built_once_loaded_from_the_cache_and_rebuilt_if_tampere
     os.chmod(library, 0o666)
     third = run(tmp_path)
     assert third.returncode == 0, third.stderr
-    assert third.stdout.split() == WITH_KERNELS and "building ops.cpp" in third.stderr
+    assert third.stdout.split() == WITH_KERNELS and "building the plugin's kernels" in third.stderr
     assert library.stat().st_mode & 0o777 == 0o700
 
 

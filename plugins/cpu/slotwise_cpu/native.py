@@ -177,6 +177,12 @@ def _build(cc: str, cxx: str, library: Path) -> None:
     or a whole one."""
     include, lib = _torch_dirs()
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    logger.info(
+        "slotwise_cpu: building the plugin's kernels for this CPU and torch %s into %s "
+        "(once; about 15 s)",
+        torch.__version__,
+        library,
+    )
     with tempfile.TemporaryDirectory(dir=library.parent, prefix=".build-") as scratch:
         objects = []
         for name in C_SOURCES:
@@ -194,7 +200,7 @@ def _build(cc: str, cxx: str, library: Path) -> None:
 
 
 def _run(command: list[str], source: str) -> None:
-    logger.info("slotwise_cpu: building %s (%s)", source, " ".join(command))
+    logger.debug("slotwise_cpu: building %s: %s", source, " ".join(command))
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.SubprocessError) as exc:
