@@ -8,6 +8,7 @@ op hands on to torch.  Whole models: level 3 against the same model run eagerly.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -35,7 +36,12 @@ def within_output_rounding(out: torch.Tensor, expected: torch.Tensor) -> bool:
 
 
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(1024, 512), (2752, 512), (512, 1376), (7, 33), (5, 1)])
+# The preset's shapes; 1003 outputs end on 11 rows past the last 16 (AMX takes whole
+# blocks of 16 rows of inner sizes of whole 32s, the vector code the rest); 33 and 1
+# are inner sizes AMX does not take.
+@pytest.mark.parametrize(
+    "shape", [(1024, 512), (2752, 512), (512, 1376), (1003, 96), (7, 33), (5, 1)]
+)
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("rows", ["one", "three", "most", "most-3"])
 def test_products_of_a_few_rows_match_float64(dtype, shape, bias, rows):
@@ -53,6 +59,18 @@ def test_products_of_a_few_rows_match_float64(dtype, shape, bias, rows):
     assert within_output_rounding(out, expected)
     # torch's own bfloat16 GEMM is no closer to the exact product.
     assert within_output_rounding(F.linear(x, weight, b), expected)
+
+
+def test_bfloat16_takes_sixteen_rows_where_the_cpu_has_amx_tiles():
+    # On AMX tiles the kernel streams the weights at memory speed up to 16 rows; without
+    # them it takes up to 4, beyond which oneDNN is faster than its vector code.
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        pytest.skip("needs Linux's /proc/cpuinfo to know whether the CPU has AMX")
+    lines = cpuinfo.read_text().splitlines()
+    flags = next((line.split() for line in lines if line.startswith("flags")), [])
+    assert linear.max_kernel_rows(torch.bfloat16) == (16 if "amx_bf16" in flags else 4)
+    assert linear.max_kernel_rows(torch.float32) == 16
 
 
 @pytest.mark.parametrize("rows", ["one", "most"])

@@ -23,9 +23,12 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 #: (heads, kv heads, head size, block size): the specialised head sizes 64 and 128 (with
 #: the grouped-query ratios 2 and 4 the kernel specialises, and others), a
 #: generic one (80, 20), grouped-query ratios 1 to 16, block sizes that tiles cross.
+#: Where the CPU has AMX, bfloat16 keys go to tiles when every query head fits one (at
+#: most 16), the head is whole 32-element chunks and blocks whole 16-token tiles: the
+#: first three, and (4, 2, 96, 32) and (16, 16, 32, 16) for the chunk counts between.
 LAYOUTS = [
     (8, 4, 64, 16), (16, 4, 64, 16), (8, 4, 128, 16), (32, 2, 128, 16), (6, 2, 80, 5),
-    (3, 3, 20, 32), (16, 1, 64, 1),
+    (3, 3, 20, 32), (16, 1, 64, 1), (4, 2, 96, 32), (16, 16, 32, 16),
 ]  # fmt: skip
 #: Lengths around the 256-token partitions the kernel splits requests into.
 LENGTHS = [1, 17, 255, 256, 257, 1000]

@@ -5,8 +5,9 @@ Why: a decode step of a few requests is a chain of products of a few rows that r
 every weight once, so it runs at the speed the weights stream from memory.  torch's
 bfloat16 and float16 GEMM (oneDNN) spends more time converting than streaming there, and
 MKL's float32 GEMM reads the weight again for every few rows; the kernel reads it once
-for up to 16 rows (bfloat16 pairs multiplied with AVX512-BF16).  Above the rows where
-torch catches up (``max_kernel_rows``), calls go to ``F.linear`` unchanged.
+for up to 16 rows (bfloat16 on AMX tiles from 3 rows where the CPU has them, in pairs
+with AVX512-BF16 otherwise).  Above the rows where torch catches up
+(``max_kernel_rows``), calls go to ``F.linear`` unchanged.
 
 The op's CPU kernel, which chooses between the two, is C++ (``csrc/ops.cpp``, loaded by
 ``slotwise_cpu.native``): it runs once per linear layer and step, and a kernel written

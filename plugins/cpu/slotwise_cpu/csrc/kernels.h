@@ -17,6 +17,10 @@ int slotwise_small_gemm(const void *x, int64_t x_stride, const void *weight, con
                         void *out, int64_t out_stride, int64_t m, int64_t n, int64_t k,
                         int dtype, int num_threads);
 
+/* The most rows of bfloat16 it serves faster than torch's GEMM: 16 where the CPU has AMX
+ * tiles (and the process may use them), else 4 (small_gemm.c). */
+int slotwise_small_gemm_bfloat16_rows(void);
+
 /* Decode attention of one query token per request over its paged cache (paged_decode.c). */
 int slotwise_paged_decode(const void *q, int64_t q_stride_seq, int64_t q_stride_head,
                           void *key_cache, void *value_cache, int64_t num_blocks,

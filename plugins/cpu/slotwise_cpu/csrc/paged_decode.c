@@ -22,12 +22,14 @@
  * The hot loops use AVX-512 where the compiler targets it (-march=native on a CPU that
  * has it) and portable C, which compilers vectorise, elsewhere.
  */
+#define _GNU_SOURCE /* syscall(), for amx.h */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "amx.h"
 #include "kernels.h"
 #include "scalars.h"
 
@@ -266,7 +268,7 @@ typedef struct {
     int64_t q_stride_seq, q_stride_head, table_stride, table_width, out_stride_seq,
         out_stride_head, num_blocks, num_heads, num_kv_heads, head_size, block_size, elem;
     float scale;
-    int dtype;
+    int dtype, amx; /* amx: bfloat16 keys scored on AMX tiles (see amx_scores) */
 } Problem;
 
 /* The tile of tokens [start, start + *count) of a request: as many as fit in TILE, in
@@ -301,6 +303,78 @@ static inline void prefetch_tile(const Problem *p, const int32_t *blocks, int64_
     }
 }
 
+
+#ifdef HAVE_AMX
+/* bfloat16 keys on AMX tiles (amx.h): the scores of a tile of 16 tokens against every
+ * query head are one tile product per 32 elements of the head size, keys (16 tokens x
+ * 32 elements, read in place) times the queries (32 elements x H heads, paired as AMX
+ * wants), products exact and sums in float32.  One product serves all the query heads;
+ * the scores of those that read another key/value head are ignored.  Tile registers (the
+ * intrinsics take literal numbers): 0 and 1 scores, 2 and 3 keys, 4 to 7 the queries.
+ * Measured against the vector loop (16 x 2,048 tokens, 8 layers' caches in memory,
+ * interleaved): 1.03x with two threads, 1.06x with one, where memory is the limit; 1.3x
+ * on one layer's caches, which stay in the last-level cache. */
+
+/* The query of every head as AMX's right-hand operand: pairs[d / 2][h][d % 2] = q[h][d],
+ * then loaded into the query tiles, 32 elements of the head size per tile. */
+static inline __attribute__((always_inline)) void load_query_tiles(const Problem *p,
+                                                                   const uint16_t *q,
+                                                                   uint16_t *pairs,
+                                                                   const int64_t D) {
+    const int64_t H = p->num_heads;
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t d = 0; d < D; d++)
+            pairs[((d / 2) * H + h) * 2 + d % 2] = q[h * p->q_stride_head + d];
+    const int64_t stride = H * 4, chunk = 16 * H * 2;
+    _tile_loadd(4, pairs, stride);
+    if (D > 32) _tile_loadd(5, pairs + chunk, stride);
+    if (D > 64) _tile_loadd(6, pairs + 2 * chunk, stride);
+    if (D > 96) _tile_loadd(7, pairs + 3 * chunk, stride);
+}
+
+/* One key/value head's keys (``keys``, 16 rows ``stride`` bytes apart) times the query
+ * tiles, into score tile C, stored as [16 tokens][H] floats at ``out``. */
+#define KEY_SCORES(C, keys, stride, out, D)                                         \
+    do {                                                                            \
+        _tile_zero(C);                                                              \
+        _tile_loadd(2, (keys), (stride));                                           \
+        _tile_dpbf16ps(C, 2, 4);                                                    \
+        if ((D) > 32) {                                                             \
+            _tile_loadd(3, (keys) + 64, (stride));                                  \
+            _tile_dpbf16ps(C, 3, 5);                                                \
+        }                                                                           \
+        if ((D) > 64) {                                                             \
+            _tile_loadd(2, (keys) + 128, (stride));                                 \
+            _tile_dpbf16ps(C, 2, 6);                                                \
+        }                                                                           \
+        if ((D) > 96) {                                                             \
+            _tile_loadd(3, (keys) + 192, (stride));                                 \
+            _tile_dpbf16ps(C, 3, 7);                                                \
+        }                                                                           \
+        _tile_stored(C, (out), p->num_heads * 4);                                   \
+    } while (0)
+
+/* scores[h * TILE + t] = scale * (q[h] . keys[t]) for a tile of 16 tokens (rows past
+ * ``count`` are read, from the same block, and their scores ignored). */
+static inline __attribute__((always_inline)) void amx_scores(const Problem *p, float *scores,
+                                                             float *products, const char *keys,
+                                                             int64_t count, int64_t stride,
+                                                             const int64_t D) {
+    const int64_t H = p->num_heads, KV = p->num_kv_heads, group = H / KV, head_bytes = D * 2;
+    for (int64_t g = 0; g < KV; g += 2) { /* two score tiles in flight */
+        KEY_SCORES(0, keys + g * head_bytes, stride, products + g * TILE * H, D);
+        if (g + 1 < KV)
+            KEY_SCORES(1, keys + (g + 1) * head_bytes, stride,
+                       products + (g + 1) * TILE * H, D);
+    }
+    for (int64_t h = 0; h < H; h++) {
+        const float *column = products + (h / group) * TILE * H + h;
+        for (int64_t t = 0; t < count; t++) scores[h * TILE + t] = column[t * H] * p->scale;
+    }
+}
+#undef KEY_SCORES
+#endif
+
 /* One partition, tokens [begin, end) of request ``seq``: per query head, the scaled
  * queries go to ``query`` [H][D], the running maximum to ``maxes`` [H], the sum of
  * exponentials to ``sums`` [H] and the unnormalised weighted values to ``acc`` [H][D];
@@ -312,13 +386,20 @@ static inline void prefetch_tile(const Problem *p, const int32_t *blocks, int64_
 static inline __attribute__((always_inline)) int attend_partition(
     const Problem *p, int64_t seq, int64_t begin, int64_t end, float *restrict query,
     float *restrict maxes, float *restrict sums, float *restrict acc, float *restrict scores,
-    const int64_t D, const int dtype, const int64_t G) {
+    float *restrict products, const int64_t D, const int dtype, const int64_t G,
+    const int amx) {
     const int64_t H = p->num_heads, group = H / p->num_kv_heads, elem = dtype ? 2 : 4;
     const char *q = p->q + seq * p->q_stride_seq * elem;
+#ifdef HAVE_AMX
+    if (amx) load_query_tiles(p, (const uint16_t *)q, (uint16_t *)query, D);
+#else
+    (void)products;
+#endif
     for (int64_t h = 0; h < H; h++) {
-        for (int64_t d = 0; d < D; d++)
-            query[h * D + lane(d, D, dtype)] =
-                load_scalar(q, h * p->q_stride_head + d, dtype) * p->scale;
+        if (!amx)
+            for (int64_t d = 0; d < D; d++)
+                query[h * D + lane(d, D, dtype)] =
+                    load_scalar(q, h * p->q_stride_head + d, dtype) * p->scale;
         memset(acc + h * D, 0, (size_t)D * sizeof(float));
         maxes[h] = -INFINITY;
         sums[h] = 0.0f;
@@ -331,6 +412,11 @@ static inline __attribute__((always_inline)) int attend_partition(
         if (first < 0) return STATUS_BAD_BLOCK;
         const char *keys = p->key_cache + first, *values = p->value_cache + first;
         prefetch_tile(p, blocks, start + count, end, token_bytes);
+#ifdef HAVE_AMX
+        if (amx)
+            amx_scores(p, scores, products, keys, count, token_bytes, D);
+        else
+#endif
 #ifdef __AVX512F__
         if (G > 0) {
             for (int64_t g = 0; g < p->num_kv_heads; g++)
@@ -372,9 +458,11 @@ static inline __attribute__((always_inline)) int attend_partition(
  * specialised where common (grouped: the ratios whose row and accumulators fit the
  * registers, for head sizes 64 and 128). */
 static int attend(const Problem *p, int64_t seq, int64_t begin, int64_t end, float *query,
-                  float *maxes, float *sums, float *acc, float *scores) {
-#define ATTEND(D, DTYPE, G) \
-    attend_partition(p, seq, begin, end, query, maxes, sums, acc, scores, D, DTYPE, G)
+                  float *maxes, float *sums, float *acc, float *scores, float *products) {
+#define ATTEND_WITH(D, DTYPE, G, AMX) \
+    attend_partition(p, seq, begin, end, query, maxes, sums, acc, scores, products, D, DTYPE, \
+                     G, AMX)
+#define ATTEND(D, DTYPE, G) ATTEND_WITH(D, DTYPE, G, 0)
 #define FOR_DTYPES(D, G)                                                          \
     {                                                                             \
         if (p->dtype == DTYPE_FLOAT32) return ATTEND(D, DTYPE_FLOAT32, G);        \
@@ -382,6 +470,14 @@ static int attend(const Problem *p, int64_t seq, int64_t begin, int64_t end, flo
         return ATTEND(D, DTYPE_FLOAT16, G);                                       \
     }
     const int64_t group = p->num_heads / p->num_kv_heads;
+#ifdef HAVE_AMX
+    if (p->amx && p->head_size == 64 && group == 2) return ATTEND_WITH(64, DTYPE_BFLOAT16, 2, 1);
+    if (p->amx && p->head_size == 64 && group == 4) return ATTEND_WITH(64, DTYPE_BFLOAT16, 4, 1);
+    if (p->amx && p->head_size == 128 && group == 2) return ATTEND_WITH(128, DTYPE_BFLOAT16, 2, 1);
+    if (p->amx && p->head_size == 64) return ATTEND_WITH(64, DTYPE_BFLOAT16, 0, 1);
+    if (p->amx && p->head_size == 128) return ATTEND_WITH(128, DTYPE_BFLOAT16, 0, 1);
+    if (p->amx) return ATTEND_WITH(p->head_size, DTYPE_BFLOAT16, 0, 1);
+#endif
 #ifdef __AVX512F__
     if (p->head_size == 64 && group == 2) FOR_DTYPES(64, 2)
     if (p->head_size == 64 && group == 4) FOR_DTYPES(64, 4)
@@ -393,6 +489,7 @@ static int attend(const Problem *p, int64_t seq, int64_t begin, int64_t end, flo
 #undef FOR_DTYPES
     return ATTEND(p->head_size, p->dtype, 0);
 #undef ATTEND
+#undef ATTEND_WITH
 }
 
 /* Request ``seq``'s output for one head: its partitions, each rescaled to the largest
@@ -436,6 +533,20 @@ static int write_tokens(const Problem *p, const char *keys, int64_t key_stride,
     return STATUS_OK;
 }
 
+/* Whether bfloat16 keys are scored on AMX tiles: the CPU has them (and this build targets
+ * them), the process may use them, and the shapes fit: a tile's 16 columns hold every
+ * query head, a head is whole 32-element chunks (at most four), and 16-token tiles never
+ * straddle blocks. */
+static int use_amx(int dtype, int64_t num_heads, int64_t head_size, int64_t block_size) {
+#ifdef HAVE_AMX
+    return dtype == DTYPE_BFLOAT16 && num_heads <= 16 && head_size % 32 == 0 &&
+           head_size <= 128 && block_size % TILE == 0 && amx_permitted();
+#else
+    (void)dtype, (void)num_heads, (void)head_size, (void)block_size;
+    return 0;
+#endif
+}
+
 /* Returns STATUS_OK, or the STATUS_* code of what it refused (the caller raises).  With
  * ``num_new`` > 0, first stores the step's new keys and values at ``slot_mapping``, so a
  * decode step needs no separate cache write. */
@@ -457,7 +568,8 @@ int slotwise_paged_decode(const void *q, int64_t q_stride_seq, int64_t q_stride_
                        block_table, seq_lens, (char *)out, q_stride_seq, q_stride_head,
                        table_stride, table_width, out_stride_seq, out_stride_head, num_blocks,
                        num_heads, num_kv_heads, head_size, block_size,
-                       dtype == DTYPE_FLOAT32 ? 4 : 2, scale, dtype};
+                       dtype == DTYPE_FLOAT32 ? 4 : 2, scale, dtype,
+                       use_amx(dtype, num_heads, head_size, block_size)};
     if (num_new > 0) {
         const int status =
             write_tokens(&p, (const char *)new_keys, new_key_stride, (const char *)new_values,
@@ -472,7 +584,8 @@ int slotwise_paged_decode(const void *q, int64_t q_stride_seq, int64_t q_stride_
     }
     const int64_t H = num_heads, D = head_size;
     /* Per item: maxes [H], sums [H], acc [H][D]; per thread: query [H][D], scores [H][TILE]. */
-    const int64_t item_floats = H * (2 + D), scratch_floats = H * (D + TILE);
+    /* ... and, for AMX, products [num_kv_heads][TILE][H]. */
+    const int64_t item_floats = H * (2 + D), scratch_floats = H * (D + TILE + num_kv_heads * TILE);
     int64_t *index = malloc((size_t)(num_seqs + 1 + 2 * items) * sizeof(int64_t));
     float *work = malloc((size_t)(items * item_floats + num_threads * scratch_floats) *
                          sizeof(float));
@@ -498,6 +611,13 @@ int slotwise_paged_decode(const void *q, int64_t q_stride_seq, int64_t q_stride_
 #pragma omp parallel num_threads(team) if (team > 1)
     {
         float *scratch = work + items * item_floats + omp_get_thread_num() * scratch_floats;
+#ifdef HAVE_AMX
+        if (p.amx) { /* see amx_scores */
+            const uint16_t heads = (uint16_t)(H * 4);
+            const uint16_t bytes_per_row[8] = {heads, heads, 64, 64, heads, heads, heads, heads};
+            load_tile_config(bytes_per_row);
+        }
+#endif
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < items; item++) {
             const int64_t seq = item_seq[item], begin = item_part[item] * PARTITION;
@@ -505,12 +625,15 @@ int slotwise_paged_decode(const void *q, int64_t q_stride_seq, int64_t q_stride_
                                                                   : seq_lens[seq];
             float *maxes = work + item * item_floats;
             int result = attend(&p, seq, begin, end, scratch, maxes, maxes + H, maxes + 2 * H,
-                                scratch + H * D);
+                                scratch + H * D, scratch + H * (D + TILE));
             if (result != STATUS_OK) {
 #pragma omp atomic write
                 status = result;
             }
         }
+#ifdef HAVE_AMX
+        if (p.amx) _tile_release();
+#endif
 #pragma omp for schedule(static)
         for (int64_t pair = 0; pair < num_seqs * H; pair++) {
             const int64_t seq = pair / H;
