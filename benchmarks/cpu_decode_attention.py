@@ -16,6 +16,12 @@ those bytes over the read bandwidth that ``slotwise bench``'s probe measures wit
 same thread count.  A ragged batch (half the requests long, half short) shows whether
 the cost follows the bytes or the padding.  Outputs are checked against each other.
 
+One layer's keys and values stay in this machine's last-level cache between rounds,
+which a decode step does not allow: it reads every layer's in turn.  ``--layers N``
+gives each batch N layers' caches and times each path over all of them per round
+(reported per layer), so that with a step's worth (8 for the ``small`` preset) they are
+read from memory.
+
 Results go to ``<out-dir>/cpu_decode_attention.json`` and ``.md``.
 """
 
@@ -50,7 +56,7 @@ BATCHES = {
 }
 
 
-def build_case(lengths: list[int], dtype: Any, seed: int) -> dict[str, Any]:
+def build_case(lengths: list[int], dtype: Any, seed: int, layers: int) -> dict[str, Any]:
     import torch
 
     generator = torch.Generator().manual_seed(seed)
@@ -66,7 +72,9 @@ def build_case(lengths: list[int], dtype: Any, seed: int) -> dict[str, Any]:
         table[r, :count] = order[taken : taken + count]
         taken += count
     return {
-        "kv_cache": torch.randn((2, *shape), generator=generator).to(dtype),
+        "kv_caches": [
+            torch.randn((2, *shape), generator=generator).to(dtype) for _ in range(layers)
+        ],
         "table": table,
         "lengths": torch.tensor(lengths, dtype=torch.int32),
         "q": torch.randn(len(lengths), HEADS, HEAD_SIZE, generator=generator).to(dtype),
@@ -84,25 +92,26 @@ def measure(case: dict[str, Any], iterations: int) -> dict[str, Any]:
     if not paged_decode.available():
         raise SystemExit("the paged decode kernel could not be built; see the warning above")
     out = torch.empty_like(case["q"])
-    kv_cache, table, lengths, q = (case[k] for k in ("kv_cache", "table", "lengths", "q"))
-    keys, values = kv_cache.unbind(0)
+    kv_caches, table, lengths, q = (case[k] for k in ("kv_caches", "table", "lengths", "q"))
 
-    def gathered() -> Any:
+    def gathered(kv_cache: Any) -> Any:
+        keys, values = kv_cache.unbind(0)
         return impl._decode(q, keys, values, table, lengths)
 
-    def paged() -> Any:
+    def paged(kv_cache: Any) -> Any:
         paged_decode.paged_decode_op(q, kv_cache, table, lengths, out, HEAD_SIZE**-0.5)
         return out
 
     variants = {"gathered": gathered, "paged kernel": paged}
-    difference = float((gathered().float() - paged().float()).abs().max())
+    difference = float((gathered(kv_caches[0]).float() - paged(kv_caches[0]).float()).abs().max())
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for round_index in range(iterations + 2):  # interleaved; the first two are warm-ups
         for name, fn in variants.items():
             start = time.perf_counter()
-            fn()
+            for kv_cache in kv_caches:  # every layer in turn, as a step reads them
+                fn(kv_cache)
             if round_index >= 2:
-                samples[name].append(time.perf_counter() - start)
+                samples[name].append((time.perf_counter() - start) / len(kv_caches))
     return {
         "kv_bytes": case["kv_bytes"],
         "max_abs_diff": difference,
@@ -122,7 +131,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         dtype = getattr(torch, dtype_name)
         for name, lengths in BATCHES.items():
             LOG.info("%s, %s", dtype_name, name)
-            case = build_case(lengths, dtype, seed=len(lengths))
+            case = build_case(lengths, dtype, seed=len(lengths), layers=args.layers)
             row = measure(case, args.iterations)
             # The roofline of this batch's bytes, probed right before with a buffer as large.
             bandwidth = measure_read_bandwidth(row["kv_bytes"], device="cpu")
@@ -135,6 +144,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         "load_average": os.getloadavg()[0],
         "heads": {"query": HEADS, "key_value": KV_HEADS, "size": HEAD_SIZE},
         "block_size": BLOCK_SIZE,
+        "layers": args.layers,
         "iterations": args.iterations,
         "results": results,
         "timestamp": utc_timestamp(),
@@ -145,7 +155,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"One layer's decode attention, {report['heads']['query']} query and "
         f"{report['heads']['key_value']} key/value heads of {report['heads']['size']}, blocks "
-        f"of {report['block_size']}; {report['iterations']} interleaved rounds, "
+        f"of {report['block_size']}; times per layer over {report['layers']} layers' caches "
+        f"in turn; {report['iterations']} interleaved rounds, "
         f"{report['torch_threads']} threads, load average {report['load_average']:.1f}.",
         "",
         "| batch | KV MB | gathered ms | paged kernel ms | kernel GB/s | KV roofline ms "
@@ -168,10 +179,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--iterations", type=int, default=15, help="timed rounds per batch")
     add_dtypes_arg(parser, "comma-separated: float32, bfloat16, float16")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=1,
+        help="layers' caches per batch, read in turn (8: a small-preset step's, from memory)",
+    )
     add_output_args(parser)
     args = parser.parse_args(argv)
     if args.iterations < 1:
         parser.error("--iterations must be at least 1")
+    if args.layers < 1:
+        parser.error("--layers must be at least 1")
     return args
 
 
