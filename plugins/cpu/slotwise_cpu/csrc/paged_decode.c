@@ -303,7 +303,6 @@ static inline void prefetch_tile(const Problem *p, const int32_t *blocks, int64_
     }
 }
 
-
 #ifdef HAVE_AMX
 /* bfloat16 keys on AMX tiles (amx.h): the scores of a tile of 16 tokens against every
  * query head are one tile product per 32 elements of the head size, keys (16 tokens x
@@ -312,8 +311,8 @@ static inline void prefetch_tile(const Problem *p, const int32_t *blocks, int64_
  * the scores of those that read another key/value head are ignored.  Tile registers (the
  * intrinsics take literal numbers): 0 and 1 scores, 2 and 3 keys, 4 to 7 the queries.
  * Measured against the vector loop (16 x 2,048 tokens, 8 layers' caches in memory,
- * interleaved): 1.03x with two threads, 1.06x with one, where memory is the limit; 1.3x
- * on one layer's caches, which stay in the last-level cache. */
+ * interleaved): 1.03x with two threads, 1.06x with one; memory, not arithmetic, is what
+ * bounds the kernel there (docs/benchmarks.md). */
 
 /* The query of every head as AMX's right-hand operand: pairs[d / 2][h][d % 2] = q[h][d],
  * then loaded into the query tiles, 32 elements of the head size per tile. */
@@ -378,11 +377,12 @@ static inline __attribute__((always_inline)) void amx_scores(const Problem *p, f
 /* One partition, tokens [begin, end) of request ``seq``: per query head, the scaled
  * queries go to ``query`` [H][D], the running maximum to ``maxes`` [H], the sum of
  * exponentials to ``sums`` [H] and the unnormalised weighted values to ``acc`` [H][D];
- * ``scores`` [H][TILE] is scratch.  Returns STATUS_BAD_BLOCK for a block id outside
- * the cache.  Inlined into one copy per common head size, dtype and grouped-query ratio
- * (``D``, ``dtype``, ``G`` constants), so the inner loops unroll and keep their vectors in
- * registers; ``G`` > 0 (the query heads per key/value head) reads each key and value row
- * once per group, 0 once per query head. */
+ * ``scores`` [H][TILE] and ``products`` [num_kv_heads][TILE][H] are scratch.  Returns
+ * STATUS_BAD_BLOCK for a block id outside the cache.  Inlined into one copy per common
+ * head size, dtype and grouped-query ratio (``D``, ``dtype``, ``G`` constants), so the
+ * inner loops unroll and keep their vectors in registers; ``G`` > 0 (the query heads per
+ * key/value head) reads each key and value row once per group, 0 once per query head;
+ * ``amx`` scores bfloat16 keys on AMX tiles (``query`` then holds the paired queries). */
 static inline __attribute__((always_inline)) int attend_partition(
     const Problem *p, int64_t seq, int64_t begin, int64_t end, float *restrict query,
     float *restrict maxes, float *restrict sums, float *restrict acc, float *restrict scores,

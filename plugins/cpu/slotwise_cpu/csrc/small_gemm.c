@@ -206,16 +206,16 @@ static inline void store_rows(const Problem *p, int64_t row, int64_t rows,
 }
 
 #ifdef HAVE_AMX
-/* bfloat16 products of AMX_MIN_M to MAX_M rows on AMX tiles.  From 3 rows on the
- * vector code is bound by arithmetic (AVX512-BF16's dot product runs at about 40 GMAC/s a
- * core here, half the float32 FMA's rate), and oneDNN's GEMM at these shapes streams the
- * weights at 11 to 14 GB/s; a tile product does 8,192 multiply-adds in one instruction,
- * so the weights stream at memory speed whatever the rows (over the small preset's
- * weights, two threads, one run: 1.08x the vector code at 3 rows, 1.26x at 4, 1.81x at 8,
- * 2.71x at 16, and 1.8x to 2.4x oneDNN; at 1 and 2 rows the vector code is as fast or
- * faster).  Each block of 16 weight rows
- * is the tile product out^T = weight[rows] @ x^T: the weight tile (16 rows of 32
- * elements) is read in place, x is paired once per call as the right-hand operand wants. */
+/* bfloat16 products of AMX_MIN_M to MAX_M rows on AMX tiles.  With more than a few rows
+ * the vector code is bound by arithmetic (AVX512-BF16's dot product runs at about 40
+ * GMAC/s a core here, half the float32 FMA's rate), and oneDNN's GEMM at these shapes
+ * streams the weights at 11 to 14 GB/s; a tile product does 8,192 multiply-adds in one
+ * instruction, so the weights stream at memory speed whatever the rows (over the small
+ * preset's weights, two threads, one run: 1.08x the vector code at 3 rows, 1.26x at 4,
+ * 1.81x at 8, 2.71x at 16, and 1.8x to 2.4x oneDNN; at 1 and 2 rows the vector code is as
+ * fast or faster).  Each block of 16 weight rows is the tile product
+ * out^T = weight[rows] @ x^T: the weight tile (16 rows of 32 elements) is read in place,
+ * x is paired once per call as the right-hand operand wants. */
 enum { AMX_MIN_M = 3, TILE_ROWS = 16, TILE_K = 32 };
 
 /* x as AMX's right-hand operand: element j of row i at pairs[j / 2][i][j % 2], i.e. the
@@ -238,7 +238,7 @@ static inline __m256i round_to_bf16(__m512 x) {
 }
 
 /* out[:, row:row + 16] from one block of 16 weight rows.  Consecutive tile products go
- * to two accumulator tiles (tiles 0 and 1, from key tiles 2 and 3 and x tiles 4 and 5),
+ * to two accumulator tiles (tiles 0 and 1, from weight tiles 2 and 3 and x tiles 4 and 5),
  * so that neither waits for the one before; the next block's rows are prefetched as this
  * block's are read (16 rows streamed at once outrun the hardware prefetcher). */
 static void amx_block(const Problem *p, const uint32_t *pairs, int64_t row,
@@ -285,10 +285,11 @@ static void amx_block(const Problem *p, const uint32_t *pairs, int64_t row,
 }
 
 /* The weight rows it computed on AMX tiles (whole blocks of 16 from row 0), or 0 where
- * it does not apply: not bfloat16, fewer than AMX_MIN_M rows, k not whole tiles, the
- * process not allowed the tiles, or no memory for the pairs. */
+ * it does not apply: not bfloat16, fewer than AMX_MIN_M rows, fewer than 16 weight rows,
+ * k not whole tiles, the process not allowed the tiles, or no memory for the pairs. */
 static int64_t amx_gemm(const Problem *p, int num_threads) {
-    if (p->dtype != DTYPE_BFLOAT16 || p->m < AMX_MIN_M || p->k % TILE_K || !amx_permitted())
+    if (p->dtype != DTYPE_BFLOAT16 || p->m < AMX_MIN_M || p->n < TILE_ROWS ||
+        p->k % TILE_K || !amx_permitted())
         return 0;
     uint32_t *pairs = malloc((size_t)(p->k / 2 * p->m) * sizeof(uint32_t));
     if (pairs == NULL) return 0;
