@@ -8,7 +8,6 @@ op hands on to torch.  Whole models: level 3 against the same model run eagerly.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ import torch.nn.functional as F
 from slotwise.compilation.config import CompilationConfig
 from slotwise.models.llama import build_llama
 from slotwise.runner.model_runner import ModelRunner
-from slotwise_cpu import linear
+from slotwise_cpu import linear, native
 from slotwise_cpu.piecewise import route_linear_layers
 
 KERNEL_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -64,11 +63,7 @@ def test_products_of_a_few_rows_match_float64(dtype, shape, bias, rows):
 def test_bfloat16_takes_sixteen_rows_where_the_cpu_has_amx_tiles():
     # On AMX tiles the kernel streams the weights at memory speed up to 16 rows; without
     # them it takes up to 4, beyond which oneDNN is faster than its vector code.
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.exists():
-        pytest.skip("needs Linux's /proc/cpuinfo to know whether the CPU has AMX")
-    lines = cpuinfo.read_text().splitlines()
-    flags = next((line.split() for line in lines if line.startswith("flags")), [])
+    flags = native._cpu_flags().split()  # the CPU's feature flags, as the build keys on
     assert linear.max_kernel_rows(torch.bfloat16) == (16 if "amx_bf16" in flags else 4)
     assert linear.max_kernel_rows(torch.float32) == 16
 
