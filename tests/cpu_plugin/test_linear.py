@@ -42,11 +42,14 @@ def within_output_rounding(out: torch.Tensor, expected: torch.Tensor) -> bool:
     "shape", [(1024, 512), (2752, 512), (512, 1376), (1003, 96), (7, 33), (5, 1)]
 )
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
-@pytest.mark.parametrize("rows", ["one", "three", "most", "most-3"])
+@pytest.mark.parametrize("rows", ["one", "two", "three", "five", "most", "most-3"])
 def test_products_of_a_few_rows_match_float64(dtype, shape, bias, rows):
-    # The kernel takes rows of x four at a time: "most-3" ends on a group of one.
+    # The kernel takes rows of x four at a time: "most-3" and "five" end on a group of
+    # one; it reads one weight row at a time up to three rows of float32 (four of the
+    # 2-byte dtypes), four weight rows at a time above.
     most = linear.max_kernel_rows(dtype)
-    rows = {"one": 1, "three": 3, "most": most, "most-3": max(most - 3, 1)}[rows]
+    counts = {"one": 1, "two": 2, "three": 3, "five": 5, "most": most, "most-3": most - 3}
+    rows = max(1, min(counts[rows], most))
     outputs, inner = shape
     generator = torch.Generator().manual_seed(outputs + inner)
     x = torch.randn(rows, inner, generator=generator).to(dtype)
@@ -60,11 +63,12 @@ def test_products_of_a_few_rows_match_float64(dtype, shape, bias, rows):
     assert within_output_rounding(F.linear(x, weight, b), expected)
 
 
-def test_bfloat16_takes_sixteen_rows_where_the_cpu_has_amx_tiles():
-    # On AMX tiles the kernel streams the weights at memory speed up to 16 rows; without
-    # them it takes up to 4, beyond which oneDNN is faster than its vector code.
+def test_bfloat16_takes_sixteen_rows_where_the_cpus_bfloat16_products_are_fast():
+    # On AMX tiles, and with AVX512-BF16 on a CPU without AMX (AMD's Zen 4), the kernel
+    # beats torch up to 16 rows; elsewhere it takes up to 4, beyond which oneDNN is faster.
     flags = native._cpu_flags().split()  # the CPU's feature flags, as the build keys on
-    assert linear.max_kernel_rows(torch.bfloat16) == (16 if "amx_bf16" in flags else 4)
+    fast = "amx_bf16" in flags or "avx512_bf16" in flags
+    assert linear.max_kernel_rows(torch.bfloat16) == (16 if fast else 4)
     assert linear.max_kernel_rows(torch.float32) == 16
 
 

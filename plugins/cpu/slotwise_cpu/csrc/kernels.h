@@ -18,8 +18,9 @@ int slotwise_small_gemm(const void *x, int64_t x_stride, const void *weight, con
                         int dtype, int num_threads);
 
 /* The most rows of bfloat16 it serves faster than torch's GEMM: 16 where the CPU has AMX
- * tiles (and the process may use them), else 4 (small_gemm.c).  Inner sizes that are not
- * whole 32s, which no model here has, run its vector code at any rows. */
+ * tiles (and the process may use them) or AVX512-BF16 without AMX, else 4 (small_gemm.c).
+ * Inner sizes that are not whole 32s, which no model here has, run its vector code at any
+ * rows. */
 int slotwise_small_gemm_bfloat16_rows(void);
 
 /* Decode attention of one query token per request over its paged cache (paged_decode.c). */

@@ -33,8 +33,10 @@ int dtype_code(at::ScalarType dtype) {
 // The most rows for which the small GEMM beat torch's GEMM on the plugin's benchmark
 // machine (docs/benchmarks.md): in float32 and float16 the kernel is faster up to its
 // limit of 16 rows (1.5x MKL in float32 at 8 and 16 rows, 1.1x to 1.2x oneDNN in float16
-// at 12 and 16); in bfloat16 up to 16 rows on AMX tiles, and without them up to 4 (its
-// vector code is bound by arithmetic from there, where oneDNN ties at 8 and wins at 12).
+// at 12 and 16); in bfloat16 up to 16 rows on AMX tiles and with AVX512-BF16 on a CPU
+// without AMX (1.6x torch at 16 rows on AMD's Zen 4), else up to 4 (on an Intel CPU
+// refused its tiles the vector code is bound by arithmetic from there, where oneDNN ties
+// at 8 and wins at 12).
 int64_t max_kernel_rows(int code) {
     return code < 0 ? 0 : code == 1 ? slotwise_small_gemm_bfloat16_rows() : 16;
 }
