@@ -161,6 +161,11 @@ static inline __attribute__((always_inline)) void load_row(__m512 *row, const ch
     for (int64_t c = 0; c < n / 16; c++) row[c] = load16(p + 16 * c * elem, 16, dtype);
 }
 
+/* Asks for the ``bytes`` at ``row``, a row of the next tile, one cache line at a time. */
+static inline void prefetch_row(const char *row, int64_t bytes) {
+    for (int64_t byte = 0; byte < bytes; byte += 64) __builtin_prefetch(row + byte, 0, 3);
+}
+
 /* For the ``G`` query heads that share one key/value head: scores[j * TILE + t] =
  * queries[j] . keys[t] for ``count`` tokens.  Each key row is loaded and converted once for
  * all G heads rather than once per head (accumulate_group does the same for values).
@@ -174,9 +179,7 @@ static inline __attribute__((always_inline)) void dot_group(
     const int64_t chunks = n / 16, row_bytes = n * (dtype == DTYPE_FLOAT32 ? 4 : 2);
     __m512 row[8];
     for (int64_t t = 0; t < count; t++) {
-        if (next)
-            for (int64_t byte = 0; byte < row_bytes; byte += 64)
-                __builtin_prefetch(next + t * stride + byte, 0, 3);
+        if (next) prefetch_row(next + t * stride, row_bytes);
         load_row(row, keys + t * stride, n, dtype);
         for (int64_t j = 0; j < G; j++) {
             __m512 sum = _mm512_setzero_ps();
@@ -197,9 +200,7 @@ static inline __attribute__((always_inline)) void accumulate_group(
     for (int64_t j = 0; j < G; j++)
         for (int64_t c = 0; c < chunks; c++) sums[j][c] = _mm512_loadu_ps(acc + j * n + 16 * c);
     for (int64_t t = 0; t < count; t++) {
-        if (next)
-            for (int64_t byte = 0; byte < row_bytes; byte += 64)
-                __builtin_prefetch(next + t * stride + byte, 0, 3);
+        if (next) prefetch_row(next + t * stride, row_bytes);
         load_row(row, values + t * stride, n, dtype);
         for (int64_t j = 0; j < G; j++) {
             const __m512 w = _mm512_set1_ps(weights[j * TILE + t]);
