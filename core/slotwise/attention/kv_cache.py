@@ -105,17 +105,19 @@ def allocate_kv_caches(
     by layer name.
     """
     from slotwise.attention.layer import Attention
+    from slotwise.platforms import current_platform
 
-    if device is None:
-        from slotwise.platforms import current_platform
-
-        device = current_platform.device_type
+    device = torch.device(device or current_platform.device_type)
     caches = {}
     for layer in model.modules():
         if isinstance(layer, Attention):
-            layer.kv_cache = torch.zeros(
+            cache = torch.empty(
                 layer.kv_cache_shape(num_blocks), dtype=dtype or layer.dtype, device=device
             )
+            if device.type == current_platform.device_type:
+                # Before the first write, while the platform has no pages to move yet.
+                current_platform.advise_resident_memory([cache])
+            layer.kv_cache = cache.zero_()
             caches[layer.layer_name] = layer.kv_cache
     if not caches:
         raise ValueError(f"{type(model).__name__} contains no slotwise Attention layer")

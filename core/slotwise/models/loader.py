@@ -65,6 +65,9 @@ def load_model(
                 f"(head_dim {config.head_size}); pass load_model(..., dtype=...) with a dtype "
                 f"it supports: {exc}"
             ) from exc
+        # Before the weights are written: memory the platform maps its own way from the
+        # first write on costs nothing to move.
+        get_current_platform().advise_resident_memory([*model.parameters(), *model.buffers()])
         load_weights(model, checkpoint)
     seconds = time.perf_counter() - start
     logger.info(

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from slotwise import api_versioning
 
 if TYPE_CHECKING:
+    import torch
+
     from slotwise.compilation.config import CompilationConfig
     from slotwise.compilation.graph_api import GraphAPI
 
@@ -166,6 +169,22 @@ class Platform:
         ``graph_api=get_graph_api()``.
         """
         return None
+
+    # -- memory --------------------------------------------------------------------
+
+    def advise_resident_memory(self, tensors: Sequence[torch.Tensor], **kwargs: Any) -> None:
+        """Hear which tensors stay for the whole run and are read by every step (the
+        weights, the KV cache); the default does nothing.
+
+        A decode step streams all of them from memory, so how their memory is mapped
+        sets its speed: the CPU platform moves them onto huge pages here.  A platform may
+        change the mapping, never a tensor's address, values or layout (compiled code
+        and captured graphs hold those).  Called, possibly more than once for the same
+        tensors, by ``load_model`` on the weights before the checkpoint is read into
+        them, by ``ModelRunner`` on the weights of any model, by ``allocate_kv_caches``
+        on each KV cache before it is zeroed, and by the decode benchmark on its
+        bandwidth probe's buffer, so the roofline is read from memory placed the same way.
+        """
 
     # -- configuration -------------------------------------------------------------
 

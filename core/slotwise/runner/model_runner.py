@@ -73,6 +73,9 @@ class ModelRunner:
             or num_blocks * self.block_size
         )
         allocate_kv_caches(model, num_blocks, device=self.device)
+        # The weights every step reads, for the platform to map as its memory reads
+        # fastest (load_model did already; a model built otherwise has not been).
+        self.platform.advise_resident_memory([*model.parameters(), *model.buffers()])
         self.allocator = BlockAllocator(num_blocks, self.block_size)
         self.metadata_builder = layers[0].attn_backend.get_builder_cls()(
             self.block_size, self.device

@@ -8,10 +8,14 @@ imports torch at module level: resolving to the CPU platform stays cheap.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slotwise.plugin_api import CompilationConfig, Platform
+
+if TYPE_CHECKING:
+    import torch
 
 #: The level at which slotwise splits graphs (``CompilationLevel.PIECEWISE``).
 _PIECEWISE_LEVEL = 3
@@ -68,6 +72,12 @@ class CpuPlatform(Platform):
         from slotwise_cpu.communicator import CpuCommunicator
 
         return CpuCommunicator
+
+    def advise_resident_memory(self, tensors: Sequence[torch.Tensor], **kwargs: Any) -> None:
+        """Move them onto transparent huge pages (``slotwise_cpu.huge_pages``)."""
+        from slotwise_cpu import huge_pages
+
+        huge_pages.advise(tensors)
 
     def check_and_update_config(self, config: CompilationConfig, **kwargs: Any) -> None:
         """At level 3, compile each model as one graph unless ``splitting_ops`` is set.

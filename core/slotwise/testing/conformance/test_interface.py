@@ -43,6 +43,7 @@ INTERFACE_METHODS = (
     "get_communicator_cls",
     "get_graph_api",
     "get_piecewise_backend_cls",
+    "advise_resident_memory",
     "check_and_update_config",
 )
 
@@ -143,6 +144,34 @@ def test_device_queries_answer_with_the_documented_types() -> None:
             problems.append(f"{method}(0) returned {value!r}, expected {expected}")
     if problems:
         target.fail("; ".join(problems))
+
+
+def test_advise_resident_memory_keeps_addresses_and_values() -> None:
+    """Compiled code and captured graphs hold the weights' and the KV cache's addresses,
+    so whatever the platform does to their memory must leave addresses and values."""
+    import torch
+
+    platform = target.platform()
+    generator = torch.Generator().manual_seed(0)
+    # A tensor of several (huge) pages, one smaller than a base page, and a view of a
+    # storage that starts mid-page: the shapes a model's weights and caches come in.
+    values = [torch.randn(3 << 18, generator=generator), torch.randn(37, generator=generator)]
+    tensors = [value.to(platform.device_type) for value in values]
+    tensors.append(tensors[0][1004:].view(-1, 7))
+    addresses = [tensor.data_ptr() for tensor in tensors]
+    platform.advise_resident_memory(tensors, future_kwarg=1)
+    problems = []
+    if [tensor.data_ptr() for tensor in tensors] != addresses:
+        problems.append("moved a tensor to another address")
+    if not all(torch.equal(t.cpu(), v) for t, v in zip(tensors, values, strict=False)):
+        problems.append("changed a tensor's values")
+    if tensors[2].shape != values[0][1004:].view(-1, 7).shape:
+        problems.append("changed a view's shape")
+    if problems:
+        target.fail(
+            f"advise_resident_memory() {' and '.join(problems)}; it may change how memory "
+            "is mapped (huge pages), never a tensor's address, values or layout"
+        )
 
 
 def _is_capability(value: Any) -> bool:
