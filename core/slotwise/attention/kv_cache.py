@@ -108,17 +108,18 @@ def allocate_kv_caches(
     from slotwise.platforms import current_platform
 
     device = torch.device(device or current_platform.device_type)
-    caches = {}
-    for layer in model.modules():
-        if isinstance(layer, Attention):
-            cache = torch.empty(
-                layer.kv_cache_shape(num_blocks), dtype=dtype or layer.dtype, device=device
-            )
-            if device.type == current_platform.device_type:
-                # Before the first write, while the platform has no pages to move yet.
-                current_platform.advise_resident_memory([cache])
-            layer.kv_cache = cache.zero_()
-            caches[layer.layer_name] = layer.kv_cache
-    if not caches:
+    layers = [layer for layer in model.modules() if isinstance(layer, Attention)]
+    if not layers:
         raise ValueError(f"{type(model).__name__} contains no slotwise Attention layer")
+    empty = [
+        torch.empty(layer.kv_cache_shape(num_blocks), dtype=dtype or layer.dtype, device=device)
+        for layer in layers
+    ]
+    if device.type == current_platform.device_type:
+        # Before the first write, while the platform has no pages to move yet.
+        current_platform.advise_resident_memory(empty)
+    caches = {}
+    for layer, cache in zip(layers, empty, strict=True):
+        layer.kv_cache = cache.zero_()
+        caches[layer.layer_name] = layer.kv_cache
     return caches

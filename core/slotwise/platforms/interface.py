@@ -173,7 +173,7 @@ class Platform:
     # -- memory --------------------------------------------------------------------
 
     def advise_resident_memory(self, tensors: Sequence[torch.Tensor], **kwargs: Any) -> None:
-        """Hear which tensors stay for the whole run and are read by every step (the
+        """Learn which tensors stay for the whole run and are read by every step (the
         weights, the KV cache); the default does nothing.
 
         A decode step streams all of them from memory, so how their memory is mapped

@@ -25,6 +25,7 @@ import array
 import bisect
 import ctypes
 import errno
+import functools
 import logging
 import os
 import sys
@@ -176,6 +177,18 @@ def move_to_huge_pages(
     return report
 
 
+@functools.cache  # once per process: every model and cache would say the same
+def _warn_huge_pages_off(enabled: Path, mode: str | None) -> None:
+    logger.warning(
+        "transparent huge pages are off here (%s is %s): the weights and KV cache stay on "
+        "4 KiB pages, which decode reads about 1.3x slower. To allow them: "
+        "echo madvise | sudo tee %s",
+        enabled,
+        repr(mode) if mode else "missing",
+        enabled,
+    )
+
+
 def advise(
     tensors: Sequence[torch.Tensor],
     *,
@@ -191,14 +204,7 @@ def advise(
     page_size = huge_page_size(settings)
     mode = huge_pages_mode(settings)
     if page_size == 0 or mode in (None, "never"):
-        logger.warning(
-            "transparent huge pages are off here (%s is %s): the weights and KV cache stay "
-            "on 4 KiB pages, which decode reads about 1.3x slower. To allow them: "
-            "echo madvise | sudo tee %s",
-            settings / "enabled",
-            repr(mode) if mode else "missing",
-            settings / "enabled",
-        )
+        _warn_huge_pages_off(settings / "enabled", mode)
         return None
     spans = anonymous_spans(maps.read_text())
     report = move_to_huge_pages(tensors, page_size, madvise or _libc_madvise(), spans)
