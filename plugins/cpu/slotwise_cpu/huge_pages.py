@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import array
 import bisect
+import contextlib
 import ctypes
 import errno
 import functools
@@ -33,6 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -124,16 +126,17 @@ def pages_touched(tensors: Sequence[torch.Tensor], page_size: int) -> list[int]:
     return sorted(starts)
 
 
-def written(address: int, length: int, pagemap: Path = PAGEMAP) -> bool:
+def written(pagemap: BinaryIO, address: int, length: int) -> bool:
     """Whether any base page of ``[address, address + length)`` is in memory or swap
-    (bits 63 and 62 of its ``/proc/self/pagemap`` entry, readable without privileges)."""
+    (bits 63 and 62 of its entry in ``pagemap``, this process's ``/proc/self/pagemap``
+    open for reading, which needs no privileges)."""
     base = os.sysconf("SC_PAGE_SIZE")
-    with pagemap.open("rb") as entries:
-        entries.seek(address // base * 8)
-        states = array.array("Q", entries.read(length // base * 8))
+    pagemap.seek(address // base * 8)
+    states = array.array("Q", pagemap.read(length // base * 8))
     return any(state >> 62 for state in states)
 
 
+@functools.cache  # one libc handle for every call
 def _libc_madvise() -> Madvise:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -156,23 +159,29 @@ def move_to_huge_pages(
     report = HugePageReport(page_size)
     start = time.perf_counter()
     starts = [span_start for span_start, _ in spans]
-    for address in pages_touched(tensors, page_size):
-        report.pages += 1
-        index = bisect.bisect_right(starts, address) - 1
-        if index < 0 or address + page_size > spans[index][1]:
-            report.skipped += 1
-            continue
-        refusal = madvise(address, page_size, MADV_HUGEPAGE) or madvise(
-            address, page_size, MADV_COLLAPSE
-        )
-        if refusal == errno.EAGAIN:  # a page was busy for a moment (the kernel's word)
-            refusal = madvise(address, page_size, MADV_COLLAPSE)
-        if refusal == errno.EINVAL and not written(address, page_size):
-            report.marked += 1  # the kernel collapses only what is there
-        elif refusal:
-            report.refusals[refusal] = report.refusals.get(refusal, 0) + 1
-        else:
-            report.moved += 1
+    with contextlib.ExitStack() as stack:
+        pagemap: BinaryIO | None = None  # opened at the first page that may be unwritten
+        for address in pages_touched(tensors, page_size):
+            report.pages += 1
+            index = bisect.bisect_right(starts, address) - 1
+            if index < 0 or address + page_size > spans[index][1]:
+                report.skipped += 1
+                continue
+            refusal = madvise(address, page_size, MADV_HUGEPAGE) or madvise(
+                address, page_size, MADV_COLLAPSE
+            )
+            if refusal == errno.EAGAIN:  # a page was busy for a moment (the kernel's word)
+                refusal = madvise(address, page_size, MADV_COLLAPSE)
+            if refusal == errno.EINVAL:
+                if pagemap is None:
+                    pagemap = stack.enter_context(PAGEMAP.open("rb"))
+                if not written(pagemap, address, page_size):
+                    report.marked += 1  # the kernel collapses only what is there
+                    continue
+            if refusal:
+                report.refusals[refusal] = report.refusals.get(refusal, 0) + 1
+            else:
+                report.moved += 1
     report.seconds = time.perf_counter() - start
     return report
 
