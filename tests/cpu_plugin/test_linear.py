@@ -42,13 +42,15 @@ def within_output_rounding(out: torch.Tensor, expected: torch.Tensor) -> bool:
     "shape", [(1024, 512), (2752, 512), (512, 1376), (1003, 96), (7, 33), (5, 1)]
 )
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
-@pytest.mark.parametrize("rows", ["one", "two", "three", "five", "most", "most-3"])
+@pytest.mark.parametrize("rows", ["one", "two", "three", "four", "five", "most", "most-3"])
 def test_products_of_a_few_rows_match_float64(dtype, shape, bias, rows):
     # The kernel takes rows of x four at a time: "most-3" and "five" end on a group of
     # one; it reads one weight row at a time up to three rows of float32 (four of the
-    # 2-byte dtypes), four weight rows at a time above.
+    # 2-byte dtypes), four weight rows at a time above; up to "four" in one pass, which
+    # loads x and the weights differently from the passes of more rows.
     most = linear.max_kernel_rows(dtype)
-    counts = {"one": 1, "two": 2, "three": 3, "five": 5, "most": most, "most-3": most - 3}
+    counts = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "most": most}
+    counts["most-3"] = most - 3
     rows = max(1, min(counts[rows], most))
     outputs, inner = shape
     generator = torch.Generator().manual_seed(outputs + inner)
