@@ -49,8 +49,15 @@ def test_products_of_a_few_rows_match_float64(dtype, shape, bias, rows):
     # 2-byte dtypes), four weight rows at a time above; up to "four" in one pass, which
     # loads x and the weights differently from the passes of more rows.
     most = linear.max_kernel_rows(dtype)
-    counts = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "most": most}
-    counts["most-3"] = most - 3
+    counts = {
+        "one": 1,
+        "two": 2,
+        "three": 3,
+        "four": 4,
+        "five": 5,
+        "most": most,
+        "most-3": most - 3,
+    }
     rows = max(1, min(counts[rows], most))
     outputs, inner = shape
     generator = torch.Generator().manual_seed(outputs + inner)
