@@ -18,7 +18,9 @@ Two parts, each interleaved round by round, in one process:
    (C++ instead of Python around the graph's kernels), ``max_autotune`` with the CPP GEMM
    template, ``custom_ops: ["all"]`` (the platform's RMSNorm kernel instead of Inductor's
    fused code), ``compile_sizes: [1]`` (a static-shape compile for batch 1); and the
-   plugin's at one thread against the run's thread count.
+   plugin's at one thread against the run's thread count.  Timed with them: the
+   plugin's step's products alone, back to back on that model's weights; the step less
+   that is the rest of the step (Python, dispatch, the other kernels).
 
 Every variant's logits are compared with eager's.  The roofline is the bytes a step
 reads over the probed read bandwidth (``slotwise.decode_benchmark``), at the run's
@@ -47,13 +49,16 @@ from common import (
 )
 
 PROMPT_LEN = 32
+#: The CPU plugin's default level-3 step, and its products timed alone.
+PLUGIN_STEP = "level3, CPU plugin"
+PRODUCTS_ALONE = "(its products alone, back to back)"
 #: Splitting at attention, as slotwise does by default where a platform has static graphs.
 SPLIT = {"splitting_ops": ["slotwise::unified_attention_with_output"]}
 #: name -> (compilation config over level 3, use slotwise's own piecewise backend, threads)
 LEVEL3_VARIANTS: dict[str, tuple[dict[str, Any], bool, int | None]] = {
     "level3 split, slotwise's piecewise backend": (SPLIT, True, None),
     "level3 split, CPU plugin": (SPLIT, False, None),
-    "level3, CPU plugin": ({}, False, None),
+    PLUGIN_STEP: ({}, False, None),
     "+ cpp_wrapper": ({"inductor_config": {"cpp_wrapper": True}}, False, None),
     "+ max_autotune (CPP GEMM template)": (
         {"inductor_config": {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}},
@@ -186,6 +191,7 @@ def level3_steps(
     steps: dict[str, Callable[[], Any]] = {}
     logits: dict[str, Any] = {}
     compile_seconds: dict[str, float] = {}
+    plugin_products: Callable[[], Any] | None = None
     for name, (config, own_backend, variant_threads) in {
         "eager": ({}, False, None),
         **LEVEL3_VARIANTS,
@@ -206,8 +212,36 @@ def level3_steps(
         steps[name] = run
         logits[name] = run().float()
         compile_seconds[name] = setup.compile_seconds
+        if name == PLUGIN_STEP:
+            plugin_products = step_products(setup.runner.model, count)
     differences = {name: float((v - logits["eager"]).abs().max()) for name, v in logits.items()}
+    if plugin_products is not None:
+        steps[PRODUCTS_ALONE] = plugin_products
     return steps, differences, compile_seconds, step.bytes_read
+
+
+def step_products(model: Any, threads: int) -> Callable[[], Any]:
+    """The products of ``model``'s decode step at batch 1, called back to back through
+    the linear op on the model's own weights, in the step's order: the step's time less
+    this is what runs between the products (Python, dispatch, the other kernels)."""
+    import torch
+
+    from slotwise_cpu import linear
+
+    embedding = model.model.embed_tokens.weight
+    weights = [p for p in model.parameters() if p.dim() == 2 and p is not embedding]
+    if model.lm_head.weight is embedding:
+        weights.append(embedding)
+    generator = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(1, w.shape[1], generator=generator).to(w.dtype) for w in weights]
+
+    def run() -> None:
+        torch.set_num_threads(threads)
+        with torch.inference_mode():
+            for x, w in zip(inputs, weights, strict=True):
+                linear.linear_op(x, w, None)
+
+    return run
 
 
 def build_report(args: argparse.Namespace) -> dict[str, Any]:
@@ -286,8 +320,14 @@ def render_markdown(report: dict[str, Any]) -> str:
             "|---|---|---:|---:|---:|---:|---:|",
         ]
         for dtype, part in report["level3"].items():
-            plugin_ms = part["p50_ms"]["level3, CPU plugin"]
+            plugin_ms = part["p50_ms"][PLUGIN_STEP]
             for name, ms in part["p50_ms"].items():
+                if name == PRODUCTS_ALONE:
+                    lines.append(
+                        f"| {dtype} | {name} | {ms:.2f} | | | | |\n| {dtype} | (the rest of "
+                        f"the plugin's step) | {plugin_ms - ms:.2f} | | | | |"
+                    )
+                    continue
                 lines.append(
                     f"| {dtype} | {name} | {ms:.2f} | {part['roofline_ms'] / ms:.2f} "
                     f"| {plugin_ms / ms:.2f}x | {part['max_abs_logit_diff_vs_eager'][name]:.1e} "
