@@ -153,10 +153,12 @@ def product_variants(dtype: Any, rows: int) -> tuple[dict[str, Callable[[], None
 
 
 def interleaved(variants: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
-    """Median seconds of each variant, run in turn round after round (two warm-ups)."""
+    """Median seconds of each variant, run in turn round after round (two warm-ups),
+    each timed call right after an untimed one of its own (as a server runs one model)."""
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for round_index in range(rounds + 2):
         for name, fn in variants.items():
+            fn()
             start = time.perf_counter()
             fn()
             if round_index >= 2:
