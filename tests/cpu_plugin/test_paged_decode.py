@@ -30,8 +30,9 @@ LAYOUTS = [
     (8, 4, 64, 16), (16, 4, 64, 16), (8, 4, 128, 16), (32, 2, 128, 16), (6, 2, 80, 5),
     (3, 3, 20, 32), (16, 1, 64, 1), (4, 2, 96, 32), (16, 16, 32, 16),
 ]  # fmt: skip
-#: Lengths around the 256-token partitions the kernel splits requests into.
-LENGTHS = [1, 17, 255, 256, 257, 1000]
+#: Lengths around the 512-token partitions the kernel splits requests into (each scored,
+#: then summed, then merged with the others of its request), and a last partition short.
+LENGTHS = [1, 17, 255, 511, 512, 513, 1200]
 
 
 @pytest.fixture(scope="module")
