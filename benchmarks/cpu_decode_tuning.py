@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import statistics
 import sys
@@ -47,6 +48,8 @@ from common import (
     publish,
     utc_timestamp,
 )
+
+from slotwise.stats import interleaved_timings
 
 PROMPT_LEN = 32
 #: The CPU plugin's default level-3 step, and its products timed alone.
@@ -153,17 +156,16 @@ def product_variants(dtype: Any, rows: int) -> tuple[dict[str, Callable[[], None
 
 
 def interleaved(variants: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
-    """Median seconds of each variant, run in turn round after round (two warm-ups),
-    each timed call right after an untimed one of its own (as a server runs one model)."""
-    samples: dict[str, list[float]] = {name: [] for name in variants}
-    for round_index in range(rounds + 2):
-        for name, fn in variants.items():
-            fn()
-            start = time.perf_counter()
-            fn()
-            if round_index >= 2:
-                samples[name].append(time.perf_counter() - start)
+    """Median seconds of each variant over ``rounds`` interleaved rounds, after two."""
+    timers = {name: functools.partial(seconds_of, fn) for name, fn in variants.items()}
+    samples = interleaved_timings(timers, rounds, warmups=2)
     return {name: statistics.median(times) for name, times in samples.items()}
+
+
+def seconds_of(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 @contextlib.contextmanager

@@ -30,6 +30,7 @@ Results go to ``<out-dir>/decode_vs_transformers.json`` and ``.md``.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import tempfile
@@ -50,7 +51,7 @@ from common import (
     verdict,
 )
 
-from slotwise.stats import percentile
+from slotwise.stats import interleaved_timings, percentile
 
 TARGET_RATIO = 2.0
 PROMPT_LEN = 32
@@ -191,6 +192,14 @@ def variants(
     return built, failed
 
 
+def seconds_of(reset: Callable[[], Any], step: Callable[[], Any]) -> float:
+    """One step's seconds, the cache put back first (untimed)."""
+    reset()
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
+
+
 def measure(
     prepares: dict[str, Callable[[Any], Step]],
     failed: dict[str, str],
@@ -217,16 +226,8 @@ def measure(
         except Exception as exc:  # noqa: BLE001 - e.g. a compile that fails on this machine
             failed[name] = f"{type(exc).__name__}: {exc}"
             steps.pop(name, None)
-    samples: dict[str, list[float]] = {name: [] for name in steps}
-    for round_index in range(args.warmups + args.iterations):
-        for name, (reset, step) in steps.items():
-            reset()
-            step()  # untimed: the timed step follows its own model's, as in a server
-            reset()
-            start = time.perf_counter()
-            step()
-            if round_index >= args.warmups:
-                samples[name].append(time.perf_counter() - start)
+    timers = {name: functools.partial(seconds_of, *steps[name]) for name in steps}
+    samples = interleaved_timings(timers, args.iterations, warmups=args.warmups)
     reference = logits.get("transformers eager, float32")
     for name, times in samples.items():
         p50 = statistics.median(times)

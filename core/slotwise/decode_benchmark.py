@@ -4,11 +4,9 @@ Every variant builds the same seeded model (a preset, or the checkpoint folder
 passed where a preset's name goes), prefills the same prompts and then
 times one decode step (one new token for each of ``batch`` requests) many times.
 Ratios are taken within one run, on one machine, with variants (and dtypes)
-interleaved per batch size so that noise from a shared machine hits them alike.  Each
-timed step comes right after an untimed step of the same model: a server decodes one
-model step after step, and a step that follows another model's finds the caches full of
-that model's state (on a 2-vCPU AMD EPYC that added 0.3 to 0.7 ms to steps of 1.5 to
-2.9 ms).
+interleaved per batch size so that noise from a shared machine hits them alike, each
+timed step right after an untimed step of the same model, as in a server
+(``slotwise.stats.interleaved_timings`` says why).
 
 Each measurement is also set against the memory roofline: a decode step must read
 every weight and each request's cached keys and values once, so it can take no less
@@ -36,7 +34,7 @@ from slotwise.compilation.graph_modes import supported_graph_modes
 from slotwise.models.llama import PRESETS, LlamaConfig, LlamaForCausalLM, build_llama
 from slotwise.platforms import get_current_platform
 from slotwise.runner.model_runner import ModelRunner, Request
-from slotwise.stats import percentile
+from slotwise.stats import interleaved_timings, percentile
 
 logger = logging.getLogger("slotwise")
 
@@ -412,14 +410,9 @@ def run_benchmark(
                 bandwidth.probe_bytes // 2**20,
                 bandwidth.threads,
             )
-        for step in steps.values():
-            for _ in range(warmups):
-                step()
-        samples: dict[tuple[torch.dtype, str], list[float]] = {key: [] for key in steps}
-        for _ in range(iterations):  # interleaved: noise hits every variant alike
-            for key, step in steps.items():
-                step()  # untimed: the timed step follows its own model's, as in a server
-                samples[key].append(step.timed())
+        samples = interleaved_timings(
+            {key: step.timed for key, step in steps.items()}, iterations, warmups=warmups
+        )
         for setup in setups:
             key = (setup.dtype, setup.name)
             p50 = statistics.median(samples[key])
