@@ -26,6 +26,8 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 #: Where the CPU has AMX, bfloat16 keys go to tiles when every query head fits one (at
 #: most 16), the head is whole 32-element chunks and blocks whole 16-token tiles: the
 #: first three, and (4, 2, 96, 32) and (16, 16, 32, 16) for the chunk counts between.
+#: Without AMX but with AVX512-BF16, the first three score bfloat16 keys in its pairwise
+#: dot products.
 LAYOUTS = [
     (8, 4, 64, 16), (16, 4, 64, 16), (8, 4, 128, 16), (32, 2, 128, 16), (6, 2, 80, 5),
     (3, 3, 20, 32), (16, 1, 64, 1), (4, 2, 96, 32), (16, 16, 32, 16),

@@ -195,6 +195,35 @@ static inline __attribute__((always_inline)) void dot_group(
     }
 }
 
+#ifdef __AVX512BF16__
+/* dot_group for bfloat16 keys where the CPU has AVX512-BF16 and no AMX tiles: each
+ * 32-element chunk of a key row meets the query's, bfloat16 as given (``queries``, G rows
+ * of n elements, n a multiple of 32 up to 128), in one pairwise dot product (products
+ * exact, sums in float32), instead of two float32 conversions and two fused multiply-adds;
+ * the scale is applied to the sum.  On an AMD EPYC (Zen 5): 1.01x to 1.06x per layer,
+ * 8 layers' caches of 16 x 2,048 tokens, blocks in order and shuffled, interleaved, outputs
+ * identical; the same walk without any arithmetic was 1.04x to 1.09x, so memory still
+ * bounds it. */
+static inline __attribute__((always_inline)) void dot_group_bf16(
+    float *restrict scores, const uint16_t *restrict queries, const char *keys, int64_t count,
+    int64_t stride, int64_t n, const int64_t G, const char *next, float scale) {
+    const int64_t chunks = n / 32;
+    __m512i row[4];
+    for (int64_t t = 0; t < count; t++) {
+        if (next) prefetch_row(next + t * stride, n * 2);
+        for (int64_t c = 0; c < chunks; c++)
+            row[c] = _mm512_loadu_si512(keys + t * stride + 64 * c);
+        for (int64_t j = 0; j < G; j++) {
+            __m512 sum = _mm512_setzero_ps();
+            for (int64_t c = 0; c < chunks; c++)
+                sum = _mm512_dpbf16_ps(sum, (__m512bh)row[c],
+                                       (__m512bh)_mm512_loadu_si512(queries + j * n + 32 * c));
+            scores[j * PARTITION + t] = _mm512_reduce_add_ps(sum) * scale;
+        }
+    }
+}
+#endif
+
 /* acc[j] += sum over t of weights[j * PARTITION + t] * values[t] for the G heads of a group;
  * ``next`` as in dot_group, for the values. */
 static inline __attribute__((always_inline)) void accumulate_group(
@@ -442,7 +471,8 @@ static inline __attribute__((always_inline)) void amx_scores(const Problem *p, f
  * head size, dtype and grouped-query ratio (``D``, ``dtype``, ``G`` constants), so the
  * inner loops unroll and keep their vectors in registers; ``G`` > 0 (the query heads per
  * key/value head) reads each key and value row once per group, 0 once per query head;
- * ``amx`` scores bfloat16 keys on AMX tiles (``query`` then holds the paired queries).
+ * ``amx`` scores bfloat16 keys on AMX tiles (``query`` then holds the paired queries;
+ * for dot_group_bf16, the bfloat16 queries as given).
  *
  * Two passes over the partition's tiles, keys then values, rather than one that reads a
  * tile's keys and then its values: on an AMD EPYC (Zen 4) a core streams one region of
@@ -462,8 +492,18 @@ static inline __attribute__((always_inline)) int attend_partition(
 #else
     (void)products;
 #endif
+#ifdef __AVX512BF16__
+    /* bfloat16 scores by dot_group_bf16, which reads the query as given, in ``query``. */
+    const int bf16_dots = dtype == DTYPE_BFLOAT16 && G > 0 && !amx && D % 32 == 0 && D <= 128;
+    uint16_t *bf16_query = (uint16_t *)query;
+    if (bf16_dots)
+        for (int64_t h = 0; h < H; h++)
+            memcpy(bf16_query + h * D, q + h * p->q_stride_head * 2, (size_t)D * 2);
+#else
+    const int bf16_dots = 0;
+#endif
     for (int64_t h = 0; h < H; h++) {
-        if (!amx)
+        if (!amx && !bf16_dots)
             for (int64_t d = 0; d < D; d++)
                 query[h * D + lane(d, D, dtype)] =
                     load_scalar(q, h * p->q_stride_head + d, dtype) * p->scale;
@@ -484,6 +524,14 @@ static inline __attribute__((always_inline)) int attend_partition(
         if (amx)
             amx_scores(p, tile_scores, products, keys, count, token_bytes, D);
         else
+#endif
+#ifdef __AVX512BF16__
+        if (bf16_dots) {
+            for (int64_t g = 0; g < p->num_kv_heads; g++)
+                dot_group_bf16(tile_scores + g * G * PARTITION, bf16_query + g * G * D,
+                               keys + g * D * elem, count, token_bytes, D, G,
+                               next ? next + g * D * elem : NULL, p->scale);
+        } else
 #endif
 #ifdef __AVX512F__
         if (G > 0) {
