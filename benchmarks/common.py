@@ -21,6 +21,8 @@ import os
 import platform
 import statistics
 import sys
+import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -101,6 +103,15 @@ def environment() -> dict[str, Any]:
             else os.cpu_count(),
         },
     }
+
+
+def seconds_of(call: Callable[[], Any], before: Callable[[], Any] | None = None) -> float:
+    """One call's seconds; ``before`` (a reset the timing must leave out) runs first."""
+    if before is not None:
+        before()
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
 
 
 def utc_timestamp() -> str:

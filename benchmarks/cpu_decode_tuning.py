@@ -35,7 +35,6 @@ import functools
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -46,6 +45,7 @@ from common import (
     configure_logging,
     environment,
     publish,
+    seconds_of,
     utc_timestamp,
 )
 
@@ -160,12 +160,6 @@ def interleaved(variants: dict[str, Callable[[], Any]], rounds: int) -> dict[str
     timers = {name: functools.partial(seconds_of, fn) for name, fn in variants.items()}
     samples = interleaved_timings(timers, rounds, warmups=2)
     return {name: statistics.median(times) for name, times in samples.items()}
-
-
-def seconds_of(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 @contextlib.contextmanager

@@ -47,6 +47,7 @@ from common import (
     environment,
     package_version,
     publish,
+    seconds_of,
     utc_timestamp,
     verdict,
 )
@@ -192,14 +193,6 @@ def variants(
     return built, failed
 
 
-def seconds_of(reset: Callable[[], Any], step: Callable[[], Any]) -> float:
-    """One step's seconds, the cache put back first (untimed)."""
-    reset()
-    start = time.perf_counter()
-    step()
-    return time.perf_counter() - start
-
-
 def measure(
     prepares: dict[str, Callable[[Any], Step]],
     failed: dict[str, str],
@@ -226,7 +219,11 @@ def measure(
         except Exception as exc:  # noqa: BLE001 - e.g. a compile that fails on this machine
             failed[name] = f"{type(exc).__name__}: {exc}"
             steps.pop(name, None)
-    timers = {name: functools.partial(seconds_of, *steps[name]) for name in steps}
+    # Each step's cache is put back first, untimed.
+    timers = {
+        name: functools.partial(seconds_of, step, before=reset)
+        for name, (reset, step) in steps.items()
+    }
     samples = interleaved_timings(timers, args.iterations, warmups=args.warmups)
     reference = logits.get("transformers eager, float32")
     for name, times in samples.items():
