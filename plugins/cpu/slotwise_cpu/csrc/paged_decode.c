@@ -196,7 +196,7 @@ static inline __attribute__((always_inline)) void dot_group(
 }
 
 #ifdef __AVX512BF16__
-/* dot_group for bfloat16 keys where the CPU has AVX512-BF16 and no AMX tiles: each
+/* dot_group for bfloat16 keys not scored on AMX tiles, where the CPU has AVX512-BF16: each
  * 32-element chunk of a key row meets the query's, bfloat16 as given (``queries``, G rows
  * of n elements, n a multiple of 32 up to 128), in one pairwise dot product (products
  * exact, sums in float32), instead of two float32 conversions and two fused multiply-adds;
