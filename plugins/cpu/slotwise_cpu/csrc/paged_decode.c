@@ -495,15 +495,13 @@ static inline __attribute__((always_inline)) int attend_partition(
 #ifdef __AVX512BF16__
     /* bfloat16 scores by dot_group_bf16, which reads the query as given, in ``query``. */
     const int bf16_dots = dtype == DTYPE_BFLOAT16 && G > 0 && !amx && D % 32 == 0 && D <= 128;
-    uint16_t *bf16_query = (uint16_t *)query;
-    if (bf16_dots)
-        for (int64_t h = 0; h < H; h++)
-            memcpy(bf16_query + h * D, q + h * p->q_stride_head * 2, (size_t)D * 2);
 #else
     const int bf16_dots = 0;
 #endif
     for (int64_t h = 0; h < H; h++) {
-        if (!amx && !bf16_dots)
+        if (bf16_dots)
+            memcpy((uint16_t *)query + h * D, q + h * p->q_stride_head * 2, (size_t)D * 2);
+        else if (!amx)
             for (int64_t d = 0; d < D; d++)
                 query[h * D + lane(d, D, dtype)] =
                     load_scalar(q, h * p->q_stride_head + d, dtype) * p->scale;
@@ -528,8 +526,9 @@ static inline __attribute__((always_inline)) int attend_partition(
 #ifdef __AVX512BF16__
         if (bf16_dots) {
             for (int64_t g = 0; g < p->num_kv_heads; g++)
-                dot_group_bf16(tile_scores + g * G * PARTITION, bf16_query + g * G * D,
-                               keys + g * D * elem, count, token_bytes, D, G,
+                dot_group_bf16(tile_scores + g * G * PARTITION,
+                               (const uint16_t *)query + g * G * D, keys + g * D * elem, count,
+                               token_bytes, D, G,
                                next ? next + g * D * elem : NULL, p->scale);
         } else
 #endif
