@@ -33,6 +33,7 @@
 
 #include "amx.h"
 #include "kernels.h"
+#include "lane_sums.h"
 #include "scalars.h"
 
 #ifdef __AVX512F__
@@ -166,25 +167,37 @@ static inline __attribute__((always_inline)) void load_row(__m512 *row, const ch
     for (int64_t c = 0; c < n / 16; c++) row[c] = load16(p + 16 * c * elem, 16, dtype);
 }
 
-/* Asks for the ``bytes`` at ``row``, a row of the next tile, one cache line at a time. */
-static inline void prefetch_row(const char *row, int64_t bytes) {
-    for (int64_t byte = 0; byte < bytes; byte += 64) __builtin_prefetch(row + byte, 0, 3);
+/* Row t of the next tile (``next``) into L1 and of the tile after it (``after``) into L2,
+ * for the grouped loops, which call it as they read row t; either may be NULL (see
+ * prefetch_ahead).  prefetcht2 for L2, as in prefetch_tile. */
+static inline void prefetch_rows(const char *next, const char *after, int64_t offset,
+                                 int64_t bytes) {
+    for (int64_t byte = 0; byte < bytes; byte += 64) {
+        if (next) __builtin_prefetch(next + offset + byte, 0, 3);
+        if (after) __builtin_prefetch(after + offset + byte, 0, 1);
+    }
+}
+
+/* ``rows`` + ``offset``, or NULL for NULL: the rows of one key/value head in a tile. */
+static inline const char *head_rows(const char *rows, int64_t offset) {
+    return rows ? rows + offset : NULL;
 }
 
 /* For the ``G`` query heads that share one key/value head: scores[j * PARTITION + t] =
  * queries[j] . keys[t] for ``count`` tokens.  Each key row is loaded and converted once for
  * all G heads rather than once per head (accumulate_group does the same for values).
- * With ``next`` (this head's keys in the next tile, of as many tokens), row t of it is
- * asked for as row t is scored (see prefetch_tile for why spread out).
+ * With ``next`` and ``after`` (this head's keys in the next two tiles, of as many tokens),
+ * row t of each is asked for as row t is scored (see prefetch_tile for why spread out).
  * Called with constant G (at most 4) and ``n`` (a multiple of 16, at most 128) where
  * (G + 1) * n / 16 registers hold a row and G accumulators (see attend). */
 static inline __attribute__((always_inline)) void dot_group(
     float *restrict scores, const float *restrict queries, const char *keys, int64_t count,
-    int64_t stride, int64_t n, int dtype, const int64_t G, const char *next) {
+    int64_t stride, int64_t n, int dtype, const int64_t G, const char *next,
+    const char *after) {
     const int64_t chunks = n / 16, row_bytes = n * (dtype == DTYPE_FLOAT32 ? 4 : 2);
     __m512 row[8];
     for (int64_t t = 0; t < count; t++) {
-        if (next) prefetch_row(next + t * stride, row_bytes);
+        prefetch_rows(next, after, t * stride, row_bytes);
         load_row(row, keys + t * stride, n, dtype);
         for (int64_t j = 0; j < G; j++) {
             __m512 sum = _mm512_setzero_ps();
@@ -203,38 +216,50 @@ static inline __attribute__((always_inline)) void dot_group(
  * the scale is applied to the sum.  On an AMD EPYC (Zen 5): 1.01x to 1.06x per layer,
  * 8 layers' caches of 16 x 2,048 tokens, blocks in order and shuffled, interleaved, outputs
  * identical; the same walk without any arithmetic was 1.04x to 1.09x, so memory still
- * bounds it. */
+ * bounds it.
+ * One query head at a time, the tile's 16 sums reduced together (lane_sums.h) and stored
+ * as one vector, rather than each token's reduced and stored alone: the same bits, fewer
+ * instructions (the key rows come from L1 for the group's other heads); on the same host
+ * 1.08x to 1.14x with 16 x 256 tokens in the caches, 0.97x to 1.04x from memory. */
 static inline __attribute__((always_inline)) void dot_group_bf16(
     float *restrict scores, const uint16_t *restrict queries, const char *keys, int64_t count,
-    int64_t stride, int64_t n, const int64_t G, const char *next, float scale) {
+    int64_t stride, int64_t n, const int64_t G, const char *next, const char *after,
+    float scale) {
     const int64_t chunks = n / 32;
-    __m512i row[4];
-    for (int64_t t = 0; t < count; t++) {
-        if (next) prefetch_row(next + t * stride, n * 2);
+    const __mmask16 valid = count >= TILE ? (__mmask16)0xffff : (__mmask16)((1u << count) - 1u);
+    for (int64_t j = 0; j < G; j++) {
+        __m512i query[4];
         for (int64_t c = 0; c < chunks; c++)
-            row[c] = _mm512_loadu_si512(keys + t * stride + 64 * c);
-        for (int64_t j = 0; j < G; j++) {
-            __m512 sum = _mm512_setzero_ps();
+            query[c] = _mm512_loadu_si512(queries + j * n + 32 * c);
+        __m512 sums[TILE];
+#pragma GCC unroll 16
+        for (int64_t t = 0; t < TILE; t++) {
+            sums[t] = _mm512_setzero_ps();
+            if (t >= count) continue;
+            if (j == 0) prefetch_rows(next, after, t * stride, n * 2);
             for (int64_t c = 0; c < chunks; c++)
-                sum = _mm512_dpbf16_ps(sum, (__m512bh)row[c],
-                                       (__m512bh)_mm512_loadu_si512(queries + j * n + 32 * c));
-            scores[j * PARTITION + t] = _mm512_reduce_add_ps(sum) * scale;
+                sums[t] = _mm512_dpbf16_ps(
+                    sums[t], (__m512bh)_mm512_loadu_si512(keys + t * stride + 64 * c),
+                    (__m512bh)query[c]);
         }
+        _mm512_mask_storeu_ps(scores + j * PARTITION, valid,
+                              _mm512_mul_ps(lane_sums16(sums), _mm512_set1_ps(scale)));
     }
 }
 #endif
 
 /* acc[j] += sum over t of weights[j * PARTITION + t] * values[t] for the G heads of a group;
- * ``next`` as in dot_group, for the values. */
+ * ``next`` and ``after`` as in dot_group, for the values. */
 static inline __attribute__((always_inline)) void accumulate_group(
     float *restrict acc, const float *restrict weights, const char *values, int64_t count,
-    int64_t stride, int64_t n, int dtype, const int64_t G, const char *next) {
+    int64_t stride, int64_t n, int dtype, const int64_t G, const char *next,
+    const char *after) {
     const int64_t chunks = n / 16, row_bytes = n * (dtype == DTYPE_FLOAT32 ? 4 : 2);
     __m512 sums[4][8], row[8];
     for (int64_t j = 0; j < G; j++)
         for (int64_t c = 0; c < chunks; c++) sums[j][c] = _mm512_loadu_ps(acc + j * n + 16 * c);
     for (int64_t t = 0; t < count; t++) {
-        if (next) prefetch_row(next + t * stride, row_bytes);
+        prefetch_rows(next, after, t * stride, row_bytes);
         load_row(row, values + t * stride, n, dtype);
         for (int64_t j = 0; j < G; j++) {
             const __m512 w = _mm512_set1_ps(weights[j * PARTITION + t]);
@@ -342,11 +367,16 @@ static inline int64_t find_tile(const Problem *p, const int32_t *blocks, int64_t
  * rows one by one as they compute the current tile's (next_tile_rows): on an AMD EPYC
  * (Zen 4), same caches, interleaved, outputs identical, 1.09x to 1.15x with two threads
  * in both dtypes and 1.19x with one.  One tile ahead is too late for memory there, so
- * they also ask for the tile after it, all at once, into L2 (``to_l2``): 1.13x to 1.24x
+ * they also ask for the tile after it into L2 (``to_l2``): all at once, 1.13x to 1.24x
  * more with two threads (float32 and bfloat16, with and without huge pages), 1.30x with
- * one; with prefetcht1, prefetchnta or more tiles ahead, less.  The ungrouped loops
- * (8 key/value heads for 8 query heads) do the same: 1.07x in bfloat16, 1.01x in
- * float32.  The AMX path was measured on the Xeon only and keeps one tile ahead. */
+ * one; with prefetcht1, prefetchnta or more tiles ahead, less.  The grouped loops now ask
+ * for that tile row by row too, as for the next: on an AMD EPYC (Zen 5), same caches,
+ * interleaved, outputs identical, five runs: bfloat16 1.04x to 1.10x, blocks in order and
+ * shuffled; float32 1.03x to 1.10x shuffled, 0.92x to 1.02x in order.  A plain read of the
+ * same layout with a few multiply-adds per line lost as much to the burst (0.89x), which
+ * likely fills the miss buffers that the loads then wait for.  The ungrouped loops (8
+ * key/value heads for 8 query heads) ask for it at once: 1.07x in bfloat16, 1.01x in
+ * float32 on Zen 4.  The AMX path was measured on the Xeon only and keeps one tile ahead. */
 static inline __attribute__((always_inline)) void prefetch_tile(const Problem *p,
                                                                 const char *cache,
                                                                 const int32_t *blocks,
@@ -377,18 +407,25 @@ static inline const char *next_tile_rows(const Problem *p, const char *cache,
 }
 
 /* Asks for what follows the tile of ``count`` tokens at ``start`` in ``cache``: the next
- * tile, whole, or (``row_by_row``, the grouped loops) returned for them to ask for row by
- * row, and except on the AMX path the tile after it, into L2 (see prefetch_tile).  Returns
- * the next tile's first row or NULL. */
+ * tile and, except on the AMX path, the tile after it, into L2 (see prefetch_tile).  For
+ * the grouped loops (``row_by_row``), each of the two tiles that holds as many tokens is
+ * returned for them to ask for row by row (the next one's first row, and the one after in
+ * ``*after``); the others, and every tile for the other loops, are asked for whole here.
+ * Returns the next tile's first row or NULL. */
 static inline __attribute__((always_inline)) const char *prefetch_ahead(
     const Problem *p, const char *cache, const int32_t *blocks, int64_t start, int64_t count,
-    int64_t end, int64_t token_bytes, const int row_by_row, const int amx) {
+    int64_t end, int64_t token_bytes, const int row_by_row, const int amx,
+    const char **after) {
+    const int64_t next_start = start + count, after_start = start + 2 * count;
     const char *next =
-        row_by_row ? next_tile_rows(p, cache, blocks, start + count, end, token_bytes, count)
+        row_by_row ? next_tile_rows(p, cache, blocks, next_start, end, token_bytes, count)
                    : NULL;
-    if (next == NULL) prefetch_tile(p, cache, blocks, start + count, end, token_bytes, 0);
-    if (!amx) /* the tile after next (or part of it, when the next one is shorter) */
-        prefetch_tile(p, cache, blocks, start + 2 * count, end, token_bytes, 1);
+    *after = row_by_row && !amx
+                 ? next_tile_rows(p, cache, blocks, after_start, end, token_bytes, count)
+                 : NULL;
+    if (next == NULL) prefetch_tile(p, cache, blocks, next_start, end, token_bytes, 0);
+    if (!amx && *after == NULL) /* whole (or part of it, when the next one is shorter) */
+        prefetch_tile(p, cache, blocks, after_start, end, token_bytes, 1);
     return next;
 }
 
@@ -515,8 +552,9 @@ static inline __attribute__((always_inline)) int attend_partition(
         const int64_t first = find_tile(p, blocks, start, end, token_bytes, &count);
         if (first < 0) return STATUS_BAD_BLOCK;
         const char *keys = p->key_cache + first;
+        const char *after;
         const char *next = prefetch_ahead(p, p->key_cache, blocks, start, count, end,
-                                          token_bytes, row_by_row, amx);
+                                          token_bytes, row_by_row, amx, &after);
         float *tile_scores = scores + (start - begin);
 #ifdef HAVE_AMX
         if (amx)
@@ -529,7 +567,8 @@ static inline __attribute__((always_inline)) int attend_partition(
                 dot_group_bf16(tile_scores + g * G * PARTITION,
                                (const uint16_t *)query + g * G * D, keys + g * D * elem, count,
                                token_bytes, D, G,
-                               next ? next + g * D * elem : NULL, p->scale);
+                               head_rows(next, g * D * elem), head_rows(after, g * D * elem),
+                               p->scale);
         } else
 #endif
 #ifdef __AVX512F__
@@ -537,10 +576,10 @@ static inline __attribute__((always_inline)) int attend_partition(
             for (int64_t g = 0; g < p->num_kv_heads; g++)
                 dot_group(tile_scores + g * G * PARTITION, query + g * G * D,
                           keys + g * D * elem, count, token_bytes, D, dtype, G,
-                          next ? next + g * D * elem : NULL);
+                          head_rows(next, g * D * elem), head_rows(after, g * D * elem));
         } else
 #else
-        (void)next; /* only the grouped loops, AVX-512's, read it */
+        (void)next, (void)after; /* only the grouped loops, AVX-512's, read them */
 #endif
             for (int64_t h = 0; h < H; h++)
                 dot_rows(tile_scores + h * PARTITION, query + h * D,
@@ -566,18 +605,20 @@ static inline __attribute__((always_inline)) int attend_partition(
         /* pass 1 has checked the block ids */
         const char *values =
             p->value_cache + find_tile(p, blocks, start, end, token_bytes, &count);
+        const char *after;
         const char *next = prefetch_ahead(p, p->value_cache, blocks, start, count, end,
-                                          token_bytes, row_by_row, amx);
+                                          token_bytes, row_by_row, amx, &after);
         const float *weights = scores + (start - begin);
 #ifdef __AVX512F__
         if (G > 0) {
             for (int64_t g = 0; g < p->num_kv_heads; g++)
                 accumulate_group(acc + g * G * D, weights + g * G * PARTITION,
                                  values + g * D * elem, count, token_bytes, D, dtype, G,
-                                 next ? next + g * D * elem : NULL);
+                                 head_rows(next, g * D * elem),
+                                 head_rows(after, g * D * elem));
         } else
 #else
-        (void)next; /* only the grouped loops, AVX-512's, read it */
+        (void)next, (void)after; /* only the grouped loops, AVX-512's, read them */
 #endif
             for (int64_t h = 0; h < H; h++)
                 accumulate_rows(acc + h * D, weights + h * PARTITION,

@@ -22,6 +22,7 @@
 
 #include "amx.h"
 #include "kernels.h"
+#include "lane_sums.h"
 #include "scalars.h"
 
 #ifdef __AVX512F__
@@ -92,39 +93,16 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const char *con
     OP(2, 0) OP(2, 1) OP(2, 2) OP(2, 3) OP(3, 0) OP(3, 1) OP(3, 2) OP(3, 3)
 #define DECLARE(r, i) __m512 a##r##i = _mm512_setzero_ps();
 
-/* The horizontal sums of a block's 16 accumulators, reduced together (store_block_sums):
- * each step adds halves of two vectors, 15 steps of two shuffles and an add where 16
- * separate reductions take 4 each.  The lanes are added in the order that GCC's
- * _mm512_reduce_add_ps adds them (lane j with j + 8, then with j + 4, j + 2, j + 1), so
- * the sums are the same bits.  pair_chunks(a, b): a's 128-bit chunks 0 + 2 and 1 + 3 in
- * the low half, b's in the high half; pair_halves of two such: the four vectors' partial
- * sums in chunks 0 to 3; pair_quads and pair_pairs do the same within each chunk. */
-static inline __m512 pair_chunks(__m512 a, __m512 b) {
-    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee));
-}
-static inline __m512 pair_halves(__m512 ab, __m512 cd) {
-    return _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xdd));
-}
-static inline __m512 pair_quads(__m512 x, __m512 y) {
-    return _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x44), _mm512_shuffle_ps(x, y, 0xee));
-}
-static inline __m512 pair_pairs(__m512 z, __m512 w) {
-    return _mm512_add_ps(_mm512_shuffle_ps(z, w, 0x88), _mm512_shuffle_ps(z, w, 0xdd));
-}
-
-/* sums[r][first + i] = the sum of acc[r][i]'s lanes, for all four i: the columns past the
- * block's rows of x get its zero accumulators (first + 3 < MAX_M, and store_rows reads
- * only the rows of x).  Measured on an AMD EPYC (Zen 5) with the small preset's 33
- * matrices in memory, two threads, interleaved: 1.07x to 1.16x at 16 rows in bfloat16,
- * 1.03x in float32 (see dot_block's keep_loaded for the rest), 1.00x at 4 rows. */
+/* sums[r][first + i] = the sum of acc[r][i]'s lanes, for all four i, reduced together
+ * (lane_sums.h): the columns past the block's rows of x get its zero accumulators
+ * (first + 3 < MAX_M, and store_rows reads only the rows of x).  Measured on an AMD EPYC
+ * (Zen 5) with the small preset's 33 matrices in memory, two threads, interleaved, against
+ * 16 separate reductions: 1.07x to 1.16x at 16 rows in bfloat16, 1.03x in float32 (see
+ * dot_block's keep_loaded for the rest), 1.00x at 4 rows. */
 static inline __attribute__((always_inline)) void store_block_sums(float sums[ROWS][MAX_M],
                                                                    int64_t first,
                                                                    const __m512 acc[ROWS][4]) {
-    __m512 per_x[4]; /* chunk r of per_x[i]: four partial sums of acc[r][i] */
-    for (int64_t i = 0; i < 4; i++)
-        per_x[i] = pair_halves(pair_chunks(acc[0][i], acc[1][i]),
-                               pair_chunks(acc[2][i], acc[3][i]));
-    const __m512 all = pair_pairs(pair_quads(per_x[0], per_x[1]), pair_quads(per_x[2], per_x[3]));
+    const __m512 all = lane_sums16(&acc[0][0]); /* lane 4 r + i: acc[r][i] */
     _mm_storeu_ps(sums[0] + first, _mm512_extractf32x4_ps(all, 0));
     _mm_storeu_ps(sums[1] + first, _mm512_extractf32x4_ps(all, 1));
     _mm_storeu_ps(sums[2] + first, _mm512_extractf32x4_ps(all, 2));
