@@ -118,6 +118,10 @@ class BenchmarkResult:
     dtype: str
     measurements: list[Measurement] = field(default_factory=list)
     read_bandwidth: ReadBandwidth | None = None
+    #: The same probe again after the last timed step: where a shared machine's memory
+    #: got faster or slower during the run, the two differ and the roofline (from the
+    #: first) is only as good as that difference says.
+    read_bandwidth_after: ReadBandwidth | None = None
     #: The 1-minute load average before and after the run (None where the OS has none):
     #: other processes on the machine slow single steps down.
     load_average: list[float] | None = None
@@ -385,6 +389,9 @@ def run_benchmark(
             "eager", preset, base, batch_sizes, prompt_len, progress=False, dtype=torch.float32
         )
     bandwidth = None
+    largest = max(
+        bytes_per_step(s.runner.model, [prompt_len + 1] * max(batch_sizes)) for s in setups
+    )
     for batch in batch_sizes:
         steps = {
             (setup.dtype, setup.name): DecodeStep.prepare(setup.runner, batch, prompt_len)
@@ -399,9 +406,6 @@ def run_benchmark(
             reference.runner.free(reference_step.requests)
         step_bytes = {key: step.bytes_read for key, step in steps.items()}
         if bandwidth is None:  # once, before the first timed step, sized to the largest
-            largest = max(
-                bytes_per_step(s.runner.model, [prompt_len + 1] * max(batch_sizes)) for s in setups
-            )
             bandwidth = measure_read_bandwidth(largest, device=platform.device_type)
             result.read_bandwidth = bandwidth
             logger.info(
@@ -438,6 +442,11 @@ def run_benchmark(
             )
         for step in steps.values():
             step.runner.free(step.requests)
+    result.read_bandwidth_after = measure_read_bandwidth(largest, device=platform.device_type)
+    logger.info(
+        "read bandwidth after the timed steps %.1f GB/s",
+        result.read_bandwidth_after.bytes_per_second / 1e9,
+    )
     result.load_average = None if start_load is None else [start_load, _load_average()]
     return result
 

@@ -80,8 +80,9 @@ def test_bench_compares_dtypes_against_the_memory_roofline():
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    bandwidth = report["read_bandwidth"]
+    bandwidth, after = report["read_bandwidth"], report["read_bandwidth_after"]
     assert bandwidth["bytes_per_second"] > 1e8 and bandwidth["threads"] == 1
+    assert after["bytes_per_second"] > 1e8 and after["probe_bytes"] == bandwidth["probe_bytes"]
     assert report["dtype"] == "float32,bfloat16" and len(report["load_average"]) == 2
     rows = {(m["dtype"], m["variant"], m["batch_size"]): m for m in report["measurements"]}
     assert len(rows) == 8
@@ -99,7 +100,7 @@ def test_bench_compares_dtypes_against_the_memory_roofline():
                   "--dtype", "bfloat16", "--threads", "1")  # fmt: skip
     assert table.returncode == 0, table.stderr
     assert "of roofline" in table.stdout and "bfloat16" in table.stdout
-    assert "read bandwidth" in table.stdout
+    assert "read bandwidth" in table.stdout and "GB/s after the steps" in table.stdout
 
 
 def test_bench_table_is_the_default_output():

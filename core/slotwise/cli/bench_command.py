@@ -171,7 +171,7 @@ def render(result: dict[str, Any]) -> str:
         ]
         for m in result["measurements"]
     ]
-    bandwidth = result["read_bandwidth"]
+    bandwidth, after = result["read_bandwidth"], result["read_bandwidth_after"]
     load = result["load_average"]
     title = (
         f"slotwise bench: {_described(result['preset'], result['model'])} on "
@@ -179,7 +179,8 @@ def render(result: dict[str, Any]) -> str:
         f"tensor parallel {result['tensor_parallel_size']}, torch {result['torch']}, "
         f"{result['iterations']} steps per variant\n"
         f"read bandwidth {bandwidth['bytes_per_second'] / 1e9:.1f} GB/s "
-        f"({bandwidth['probe_bytes'] // 2**20} MiB probe, {bandwidth['threads']} threads)"
+        f"({bandwidth['probe_bytes'] // 2**20} MiB probe, {bandwidth['threads']} threads; "
+        f"{after['bytes_per_second'] / 1e9:.1f} GB/s after the steps)"
         + ("" if load is None else f", load average {load[0]:.1f} to {load[1]:.1f}")
     )
     return title + "\n" + format_table(header, rows)
