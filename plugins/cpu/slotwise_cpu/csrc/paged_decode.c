@@ -371,8 +371,8 @@ static inline int64_t find_tile(const Problem *p, const int32_t *blocks, int64_t
  * more with two threads (float32 and bfloat16, with and without huge pages), 1.30x with
  * one; with prefetcht1, prefetchnta or more tiles ahead, less.  The grouped loops now ask
  * for that tile row by row too, as for the next: on an AMD EPYC (Zen 5), same caches,
- * interleaved, outputs identical, five runs: bfloat16 1.04x to 1.10x, blocks in order and
- * shuffled; float32 1.03x to 1.10x shuffled, 0.92x to 1.02x in order.  A plain read of the
+ * interleaved, outputs identical, three runs: bfloat16 1.03x to 1.10x, blocks in order and
+ * shuffled; float32 1.02x to 1.09x shuffled, 0.94x to 1.00x in order.  A plain read of the
  * same layout with a few multiply-adds per line lost as much to the burst (0.89x), which
  * likely fills the miss buffers that the loads then wait for.  The ungrouped loops (8
  * key/value heads for 8 query heads) ask for it at once: 1.07x in bfloat16, 1.01x in
