@@ -109,6 +109,30 @@ def test_inductor_compiler_needs_standalone_compile(monkeypatch):
         InductorCompiler(CompilationConfig())
 
 
+@pytest.mark.slow
+def test_inductor_compiler_works_with_a_standalone_compile_that_cannot_take_donations(
+    monkeypatch,
+):
+    """torch 2.11's standalone_compile has no ``donate_graph_module`` (a GPU machine's
+    torch failed every Inductor piece on it): the compiler must not pass it there."""
+    import torch._inductor
+
+    real = torch._inductor.standalone_compile
+    calls = []
+
+    def older_standalone_compile(gm, example_inputs, *, dynamic_shapes="from_graph", options=None):
+        calls.append(dynamic_shapes)
+        return real(gm, example_inputs, dynamic_shapes=dynamic_shapes, options=options)
+
+    monkeypatch.setattr(torch._inductor, "standalone_compile", older_standalone_compile)
+    x, w = torch.randn(3, 4), torch.randn(4, 4)
+    # mlp returns one tensor, so the compiler makes its own flat copy it would donate.
+    graph = make_fx(mlp)(x, w)
+    piece = InductorCompiler(CompilationConfig()).compile(graph, [x, w], runtime_shape=3)
+    torch.testing.assert_close(piece.fn(x, w), mlp(x, w))
+    assert calls == ["from_example_inputs"]
+
+
 def test_inductor_compiler_rejects_unknown_options_and_hashes_the_rest():
     with pytest.raises(ConfigError, match=r"'inductor_config'.*no_such_option"):
         InductorCompiler(CompilationConfig(inductor_config={"no_such_option": 1}))
