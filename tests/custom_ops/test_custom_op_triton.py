@@ -197,3 +197,51 @@ def test_layers_on_the_cuda_platform_run_the_triton_versions(device, monkeypatch
     assert_close(out_query, native_query)
     assert_close(out_key, native_key)
     assert launched == ["rms_norm", "silu_and_mul", "rotary_embedding"]
+
+
+# -- inside a level-3 compile ----------------------------------------------------------
+
+
+class Block(torch.nn.Module):
+    """The three ops as a decoder layer uses them: norm with residual, rotary, gated MLP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = make_rms_norm(64, torch.float32, "cpu")
+        self.rope = RotaryEmbedding(32, 128)
+        self.act = SiluAndMul()
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        hidden, residual = self.norm(x, residual)
+        query, key = self.rope(positions, hidden, hidden[:, :32])
+        return self.act(query), key, residual
+
+
+@pytest.mark.parametrize("first_size", [1, 0, 2])
+def test_level_3_compiles_the_triton_ops_for_every_batch_size(device, first_size):
+    """A trace at level 3 has a symbol for the batch size, whatever the first call's size;
+    on a GPU the launchers failed there (they branch on it) before they were torch ops."""
+    import torch._dynamo
+
+    import slotwise
+
+    torch._dynamo.reset()
+    # No CUDA graphs: without a GPU there are none to capture; the trace is what is tested.
+    config = CompilationConfig(level=3, backend="eager", graph_mode="NONE")
+    with use_platform(CudaPlatform()), set_compilation_config(config):
+        block = Block().to(device)
+        compiled = slotwise.compile(Block().to(device), config)
+    compiled.load_state_dict(block.state_dict())
+    assert compiled.norm.implementation == "plugin"
+    for num_tokens in (first_size, 3, 1, 0, 5):
+        positions = torch.arange(num_tokens, device=device) * 7
+        x = randn(num_tokens, 64, seed=num_tokens, dtype=torch.float32, device=device)
+        residual = randn(num_tokens, 64, seed=99, dtype=torch.float32, device=device)
+        with torch.no_grad():
+            actual = compiled(positions, x, residual)
+            expected = block(positions, x, residual)
+        for got, want in zip(actual, expected, strict=True):
+            assert_close(got, want)
+    torch._dynamo.reset()

@@ -1,8 +1,10 @@
 """The stub's own RMSNorm, replacing slotwise's on this platform without model changes.
 
 Registered in plugin.py through the ``slotwise_register_custom_ops`` hook.  A real
-vendor would call its fused kernel here; the function takes the layer first, like a
-method, and returns what ``RMSNorm.forward_native`` returns.
+vendor would call its fused kernel here, behind a torch op of its own: level 3 traces
+this function with the batch size as a symbol, which a kernel launcher's Python cannot
+take (``slotwise_cuda/custom_ops.py`` shows how).  The function takes the layer first,
+like a method, and returns what ``RMSNorm.forward_native`` returns.
 """
 
 from __future__ import annotations
