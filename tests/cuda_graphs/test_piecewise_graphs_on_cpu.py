@@ -65,7 +65,7 @@ def test_a_fresh_input_tensor_raises_on_the_first_replay(graph_api):
     buffer = torch.randn(2, 8)
     model(buffer)
     model(buffer)
-    with pytest.raises(StaticGraphError, match=r"piece 0 of 3, capture size 2: argument \d+"):
+    with pytest.raises(StaticGraphError, match=r"piece 0 of 3, capture size 2: input \d+"):
         model(torch.randn(2, 8))
 
 
@@ -198,5 +198,5 @@ def test_graph_copy_inputs_still_checks_the_tensors_it_does_not_copy(graph_api):
         model(torch.randn(2, 8))
     with torch.no_grad():
         model.proj_in.weight.data = model.proj_in.weight.data.clone()  # a weight moves
-    with pytest.raises(StaticGraphError, match="piece 0 of 3, capture size 2: argument"):
+    with pytest.raises(StaticGraphError, match="piece 0 of 3, capture size 2: input"):
         model(torch.randn(2, 8))

@@ -314,6 +314,51 @@ def test_the_check_after_capture_keeps_outputs_a_replay_never_writes():
     assert constant.tolist() == [[7.0] * 4] * 2
 
 
+def inductor_style_partition(args: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Called as Inductor calls a partition on a GPU: one list of inputs, emptied on
+    entry (the partition owns them); an output may share an input's memory."""
+    (x,) = args
+    args.clear()
+    return x * 2, x[0]
+
+
+def partition_wrapper() -> StaticGraphWrapper:
+    config = CompilationConfig(capture_sizes=[2], graph_mode="PIECEWISE", graph_warmups=1)
+    return StaticGraphWrapper(
+        inductor_style_partition,
+        config,
+        runtime_mode=GraphMode.PIECEWISE,
+        graph_api=RecordedGraphAPI(),
+        piece_index=1,
+        num_pieces=3,
+    )
+
+
+def test_a_partition_with_an_output_in_its_input_replays_the_eager_result():
+    """The check after capture marks outputs; one in an input's memory must be left
+    alone, or the replay computes from the marker (a GPU gave wrong numbers this way)."""
+    wrapper = partition_wrapper()
+    buffer = torch.empty(2, 4)  # what the previous partition writes, at a fixed address
+    with set_forward_context(None, batch_descriptor=BatchDescriptor(num_tokens=2)):
+        for seed in range(4):  # warm-up, capture and its checked replay, two replays
+            fresh = torch.randn(2, 4, generator=torch.Generator().manual_seed(seed))
+            buffer.copy_(fresh)
+            doubled, first_row = wrapper([buffer])
+            torch.testing.assert_close(doubled, fresh * 2)
+            torch.testing.assert_close(first_row, fresh[0])
+    assert wrapper.entries[2].graph is not None
+
+
+def test_a_partition_input_that_moved_is_an_error_naming_it():
+    wrapper = partition_wrapper()
+    buffer = torch.ones(2, 4)
+    with set_forward_context(None, batch_descriptor=BatchDescriptor(num_tokens=2)):
+        wrapper([buffer])  # warm-up
+        wrapper([buffer])  # capture
+        with pytest.raises(StaticGraphError, match=r"piece 1 of 3, capture size 2: input 0 "):
+            wrapper([torch.ones(2, 4)])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("graph_mode, graphs", [("FULL", 1), ("PIECEWISE", 3)])
 def test_inductor_compiled_pieces_replay_on_recorded_graphs(graph_api, graph_mode, graphs):

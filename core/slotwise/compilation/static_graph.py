@@ -71,21 +71,40 @@ def check_capture_allowed(what: str, size: int) -> None:
         )
 
 
+def graph_inputs(args: Sequence[Any]) -> list[Any]:
+    """The values a graph reads, in order: the arguments, with lists and tuples opened.
+
+    An Inductor partition takes all its inputs as one list, which it empties as it runs
+    (so that it may free them): take them before the call, and look inside the list, or
+    the checks below see no tensor at all.
+    """
+    inputs: list[Any] = []
+    for arg in args:
+        if isinstance(arg, (list, tuple)):
+            inputs.extend(arg)
+        else:
+            inputs.append(arg)
+    return inputs
+
+
 def input_addresses(args: Sequence[Any]) -> list[int | None]:
-    """The data address of every tensor argument (None for other arguments)."""
+    """The data address of every tensor in ``graph_inputs(args)`` (None for other values)."""
     import torch
 
-    return [arg.data_ptr() if isinstance(arg, torch.Tensor) else None for arg in args]
+    return [
+        value.data_ptr() if isinstance(value, torch.Tensor) else None
+        for value in graph_inputs(args)
+    ]
 
 
 def check_input_addresses(
     what: str, size: int, captured: Sequence[int | None], args: Sequence[Any]
 ) -> None:
-    """Raise ``StaticGraphError`` naming the first tensor argument that moved."""
+    """Raise ``StaticGraphError`` naming the first tensor input that moved."""
     for index, (expected, actual) in enumerate(zip(captured, input_addresses(args), strict=True)):
         if expected != actual:
             raise StaticGraphError(
-                f"{what}, capture size {size}: argument {index} was captured at address "
+                f"{what}, capture size {size}: input {index} was captured at address "
                 f"{_address(expected)} but is now at {_address(actual)}; a replay reads the "
                 "captured address, so copy new inputs into the captured buffers "
                 "(slotwise.runner does this) instead of passing new tensors, or set "
@@ -112,14 +131,20 @@ class OutputsProbe:
         import torch
         from torch.utils import _pytree as pytree
 
-        inputs = {arg.untyped_storage().data_ptr() for arg in args if isinstance(arg, torch.Tensor)}
+        # An output in an input's memory (an Inductor partition may write its result
+        # over an input it was handed) must keep its value: the replay reads it.
+        read = {
+            value.untyped_storage().data_ptr()
+            for value in graph_inputs(args)
+            if isinstance(value, torch.Tensor)
+        }
         self.saved = [
             (out, out.clone())
             for out in pytree.tree_leaves(outputs)
             if isinstance(out, torch.Tensor)
             and str(out.dtype).removeprefix("torch.") in _MARKABLE
             and out.numel() > 0
-            and out.untyped_storage().data_ptr() not in inputs
+            and out.untyped_storage().data_ptr() not in read
         ]
         for out, _ in self.saved:
             out.fill_(_MARKER)

@@ -48,6 +48,7 @@ from slotwise.compilation.static_graph import (
     check_capture_allowed,
     check_input_addresses,
     check_outputs_written,
+    graph_inputs,
     input_addresses,
 )
 from slotwise.forward_context import set_forward_context, try_get_forward_context
@@ -138,33 +139,35 @@ class StaticGraphWrapper:
             if entry.warmups_done < self.config.graph_warmups:
                 entry.warmups_done += 1
                 return self.runnable(*args)
-            args = self._capture(size, entry, args)
+            inputs = self._capture(size, entry, args)
             check_outputs = True  # the replay right after capture
         else:
-            args = _copied_into(entry.buffers, args)
+            inputs = graph_inputs(_copied_into(entry.buffers, args))
             if not entry.addresses_checked or self.config.debug_checks:
-                check_input_addresses(self.name, size, entry.addresses or [], args)
+                check_input_addresses(self.name, size, entry.addresses or [], inputs)
                 entry.addresses_checked = True
             check_outputs = self.config.debug_checks
-        self._replay(size, entry, args, check_outputs)
+        self._replay(size, entry, inputs, check_outputs)
         return entry.outputs
 
-    def _replay(self, size: int, entry: SizeEntry, args: Sequence[Any], check: bool) -> None:
+    def _replay(self, size: int, entry: SizeEntry, inputs: Sequence[Any], check: bool) -> None:
         """Replay ``size``'s graph; with ``check``, make sure it wrote the captured outputs."""
         assert entry.graph is not None
         if not check:
             entry.graph.replay()
             return
-        probe = OutputsProbe(entry.outputs, args)
+        probe = OutputsProbe(entry.outputs, inputs)
         returned = entry.graph.replay()
         check_outputs_written(self.name, size, self.graph_api, probe, returned)
 
-    def _capture(self, size: int, entry: SizeEntry, args: Sequence[Any]) -> Sequence[Any]:
-        """Capture the graph of ``size``; return the arguments as the graph reads them."""
+    def _capture(self, size: int, entry: SizeEntry, args: Sequence[Any]) -> list[Any]:
+        """Capture the graph of ``size``; return what it reads (``graph_inputs``), taken
+        before the capture runs: a partition empties the list it is handed."""
         check_capture_allowed(self.name, size)
         entry.buffers = {index: args[index].clone() for index in self.copied_inputs}
         args = [entry.buffers.get(index, arg) for index, arg in enumerate(args)]
-        entry.addresses = input_addresses(args)
+        inputs = graph_inputs(args)
+        entry.addresses = input_addresses(inputs)
         graph = self.graph_api.new_graph()
         outputs = graph.capture(
             lambda: self.runnable(*args), self.graph_api.pool(), quiet=self.quiet_capture
@@ -173,7 +176,7 @@ class StaticGraphWrapper:
         entry.graph = graph
         counters.bump("num_graphs_captured")
         logger.debug("%s: captured a static graph for size %d", self.name, size)
-        return args
+        return inputs
 
 
 def _copied_into(buffers: dict[int, torch.Tensor], args: Sequence[Any]) -> Sequence[Any]:
