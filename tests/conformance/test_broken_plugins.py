@@ -3,8 +3,9 @@
 Each is a throwaway distribution whose platform subclasses the CPU platform (so
 everything else about it is sound): an attention backend that is off by one, a
 static-graph backend that ignores the captured addresses, a probe that imports
-torch, and an attention backend that claims full graphs may capture it but reads the
-real token count off the metadata tensors.
+torch, an attention backend that claims full graphs may capture it but reads the
+real token count off the metadata tensors, and an RMSNorm that skips empty batches in
+Python, as a kernel launcher does.
 """
 
 from __future__ import annotations
@@ -159,6 +160,34 @@ OVERCLAIMING_ATTENTION = """
             return "OVERCLAIMING"
 """
 
+#: The CPU platform as "size_branching", replacing RMSNorm with one that returns early
+#: for an empty batch: right in eager mode, untraceable where the batch size is a symbol.
+SIZE_BRANCHING_PLUGIN = """
+    from slotwise.plugin_api import PlatformSpec, hookimpl
+    from slotwise_cpu.platform import CpuPlatform
+
+    class SizeBranchingPlatform(CpuPlatform):
+        name = "size_branching"
+
+    def rms_norm(layer, x, residual=None):
+        if x.shape[0] == 0:
+            return layer.forward_native(x, residual)
+        return layer.forward_native(x, residual)
+
+    @hookimpl
+    def slotwise_platforms():
+        platform_cls = "slotwise_size_branching:SizeBranchingPlatform"
+        return [PlatformSpec("size_branching", platform_cls, lambda: True, priority=300)]
+
+    @hookimpl
+    def slotwise_register_attention_backends(registry):
+        registry.register_own("slotwise_cpu.attention:CpuSdpaBackend")
+
+    @hookimpl
+    def slotwise_register_custom_ops(registry):
+        registry.register_own("rms_norm", rms_norm)
+"""
+
 
 def failing_checks(summary) -> set[str]:
     return {check for check, outcome in outcomes(summary).items() if outcome == "failed"}
@@ -213,3 +242,20 @@ def test_a_backend_claiming_full_graphs_it_cannot_serve_fails_the_attention_chec
         "in a full graph on the static general layout: " in problems
     )
     assert "during a static-graph capture: it reads a tensor's value back to the host" in (problems)
+
+
+def test_a_custom_op_branching_on_the_batch_size_fails_the_custom_op_check(dists):
+    dists.add("slotwise-size-branching", SIZE_BRANCHING_PLUGIN)
+    summary, result = run_cli("size_branching", site=dists.root)
+    assert result.returncode == 1, result.stderr[-5000:]
+    assert failing_checks(summary) == {"custom_ops"}, summary
+    check = next(c for c in summary["checks"] if c["check"] == "custom_ops")
+    failed = [test["name"] for test in check["tests"] if test["outcome"] == "failed"]
+    # Its eager result is right; only the level-3 compile of rms_norm fails.
+    assert failed == ["test_custom_op_compiles_at_level_3_for_every_batch_size[rms_norm]"]
+    problem = messages(summary, "custom_ops")
+    assert problem.startswith(
+        "platform 'size_branching': custom op 'rms_norm' (plugin implementation) does not "
+        "compile at level 3, where the batch size is a symbol"
+    )
+    assert "put the kernel behind a torch op" in problem

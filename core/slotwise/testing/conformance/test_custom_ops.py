@@ -5,6 +5,8 @@ registered for this platform (hook ``slotwise_register_custom_ops``), else the
 class's ``forward_<custom_op_key>``, else ``forward_native``.  The layers are
 built at compilation level 0, where every custom op is enabled, so what runs is
 the platform's own code; a registered replacement must actually be the one chosen.
+The ops that run inside compiled models are then compiled as level 3 compiles a
+model, with the batch size a symbol, and called with 1, then more, tokens.
 """
 
 from __future__ import annotations
@@ -15,7 +17,12 @@ from typing import Any
 import pytest
 import torch
 
-from slotwise.compilation import set_compilation_config
+import slotwise
+from slotwise.compilation import (
+    CompilationConfig,
+    SizeSpecializationError,
+    set_compilation_config,
+)
 from slotwise.custom_op import CustomOp, get_custom_op_registry
 from slotwise.distributed.parallel_layers import ParallelLMHead
 from slotwise.layers import LogitsHead, RMSNorm, RotaryEmbedding, SiluAndMul
@@ -90,3 +97,60 @@ def test_custom_op_matches_forward_native(op_name: str) -> None:
                 f"custom op {op_name!r} ({layer.implementation} implementation) differs from "
                 f"forward_native for arguments of shapes {shapes}: {exc}"
             )
+
+
+class _OneCall(torch.nn.Module):
+    """A model that calls ``layer`` once, so level 3 compiles the op as part of a model."""
+
+    def __init__(self, layer: CustomOp) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(
+        self,
+        first: torch.Tensor,
+        second: torch.Tensor | None = None,
+        third: torch.Tensor | None = None,
+    ) -> Any:
+        return self.layer(*(arg for arg in (first, second, third) if arg is not None))
+
+
+#: Tokens per call: one first (a trace must not take its size for a constant), then more.
+TRACED_SIZES = (1, NUM_TOKENS, 2)
+
+
+@pytest.mark.parametrize("op_name", [name for name in BUILDERS if name != "logits"])
+def test_custom_op_compiles_at_level_3_for_every_batch_size(op_name: str) -> None:
+    import torch._dynamo  # here, not at collection: it imports Triton
+
+    platform = target.platform()
+    config = CompilationConfig(level=3, backend="eager", graph_mode="NONE", disable_cache=True)
+    with set_compilation_config(config):
+        layer, calls = BUILDERS[op_name](torch.Generator().manual_seed(1))
+    layer.to(platform.device_type)
+    for args in calls:
+        torch._dynamo.reset()
+        dims = {"first": 0, "second": 0, "third": 0}
+        model = slotwise.compile(_OneCall(layer), config, dynamic_arg_dims=dims)
+        for size in TRACED_SIZES:
+            sized = tuple(a[:size].to(platform.device_type) for a in args)
+            try:
+                got = model(*sized)
+            except (torch._dynamo.exc.TorchDynamoException, SizeSpecializationError) as exc:
+                target.fail(
+                    f"custom op {op_name!r} ({layer.implementation} implementation) does not "
+                    f"compile at level 3, where the batch size is a symbol (first call: "
+                    f"{TRACED_SIZES[0]} token): {type(exc).__name__}: {exc}. Python that "
+                    "branches on a size, checks arguments or launches a kernel cannot be "
+                    "traced: put the kernel behind a torch op (torch.library, with a "
+                    "register_fake giving the output's shape), as slotwise_cuda does"
+                )
+            expected = layer.forward_native(*sized)
+            try:
+                torch.testing.assert_close(got, expected, atol=TOLERANCE, rtol=TOLERANCE)
+            except AssertionError as exc:
+                target.fail(
+                    f"custom op {op_name!r} ({layer.implementation} implementation) compiled "
+                    f"at level 3 differs from forward_native for {size} token(s): {exc}"
+                )
+    torch._dynamo.reset()
