@@ -71,14 +71,22 @@ def float64_reference(q, keys, values, block_table, lengths, scale):
     return torch.stack(out)
 
 
+#: What float32 arithmetic may be off by: scores of up to about 40 (|q| ~ 3, 128 dims)
+#: hold about 1e-5 of rounding, which the softmax passes on; torch's own float32
+#: attention of these inputs is off by up to 7e-6.
+FLOAT32_ATOL, FLOAT32_RTOL = 2e-5, 1e-5
+
+
 def assert_matches(out, expected):
-    """float32: to float32 rounding; lower precisions: within the output's own rounding."""
+    """float32: to float32 rounding; lower precisions: the float32 arithmetic's error,
+    then the output's own rounding (the kernel accumulates in float32)."""
     if out.dtype == torch.float32:
-        torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(out.double(), expected, atol=FLOAT32_ATOL, rtol=FLOAT32_RTOL)
     else:
         rounding = (expected.to(out.dtype).double() - expected).abs()
         ulp = torch.finfo(out.dtype).eps * expected.abs().clamp_min(1e-2)
-        assert ((out.double() - expected).abs() <= rounding + ulp).all()
+        float32_error = FLOAT32_ATOL + FLOAT32_RTOL * expected.abs()
+        assert ((out.double() - expected).abs() <= rounding + ulp + float32_error).all()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
