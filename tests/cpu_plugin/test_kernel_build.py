@@ -25,15 +25,16 @@ import logging, sys
 import torch
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
 from slotwise.attention import AttentionMetadataBuilder
-from slotwise_cpu import linear, paged_decode
+from slotwise_cpu import linear, native, paged_decode
 from slotwise_cpu.attention import CpuSdpaImpl
 
 torch.manual_seed(0)
 assert not torch._C._dispatch_has_kernel_for_dispatch_key(linear.LINEAR_OP, "CPU")
 x, weight = torch.randn(2, 64).bfloat16(), torch.randn(48, 64).bfloat16()
 product = linear.linear_op(x, weight, None)
-if linear.runs_kernel(torch.bfloat16):
-    assert torch._C._dispatch_has_kernel_for_dispatch_key(linear.LINEAR_OP, "CPU")
+built = native.load_kernels() is not None
+assert built == torch._C._dispatch_has_kernel_for_dispatch_key(linear.LINEAR_OP, "CPU")
+if linear.runs_kernel(torch.bfloat16):  # built, and the CPU has the kernel's vector code
     exact = x.double() @ weight.double().T
     assert ((product.double() - exact).abs() <= 2 ** -8 * exact.abs() + 1e-4).all()
 else:
@@ -56,8 +57,7 @@ if not paged_decode.available():  # called anyway, the op says why it cannot run
         assert "needs the CPU plugin's kernels, which could not be built" in str(error)
     else:
         raise AssertionError("paged_decode ran without its kernel")
-print("kernel" if paged_decode.available() else "gathered",
-      "small-gemm" if linear.runs_kernel(torch.bfloat16) else "torch-gemm")
+print("kernel" if paged_decode.available() else "gathered", "small-gemm" if built else "torch-gemm")
 """
 #: What the script prints with and without the kernels.
 WITH_KERNELS, WITHOUT_KERNELS = ["kernel", "small-gemm"], ["gathered", "torch-gemm"]

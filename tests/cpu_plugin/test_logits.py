@@ -26,7 +26,6 @@ def test_the_lm_head_of_a_level3_model_runs_the_plugin_and_matches_float64(dtype
     # Level 3 under Inductor: core ops default to native code there, this one must not.
     model = tiny(dtype, level=3, backend="inductor")
     assert model.logits_head.implementation == "plugin"
-    assert linear.runs_kernel(dtype)
     hidden = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows)).to(dtype)
     logits = model.compute_logits(hidden)
     expected = hidden.double() @ model.lm_head.weight.double().T

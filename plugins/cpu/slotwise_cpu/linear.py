@@ -18,11 +18,15 @@ library is loaded, and where it cannot be built, the op's kernel is the Python o
 from __future__ import annotations
 
 import ctypes
+import functools
+import logging
 
 import torch
 import torch.nn.functional as F
 
 from slotwise_cpu import native
+
+logger = logging.getLogger("slotwise")
 
 #: The op's qualified name.
 LINEAR_OP = "slotwise_cpu::linear"
@@ -36,8 +40,9 @@ linear_op = torch.ops.slotwise_cpu.linear.default
 
 
 def runs_kernel(weight_dtype: torch.dtype) -> bool:
-    """Whether products of a few rows with weights of this dtype run the kernel here."""
-    return weight_dtype in KERNEL_DTYPES and native.load_kernels() is not None
+    """Whether products of a few rows with weights of this dtype run the kernel here
+    (not where it cannot be built, nor on a CPU without AVX-512: ``max_kernel_rows``)."""
+    return max_kernel_rows(weight_dtype) > 0
 
 
 def max_kernel_rows(dtype: torch.dtype) -> int:
@@ -47,7 +52,18 @@ def max_kernel_rows(dtype: torch.dtype) -> int:
         return 0
     function = library.slotwise_cpu_max_kernel_rows
     function.argtypes, function.restype = [ctypes.c_int], ctypes.c_int64
-    return function(KERNEL_DTYPES[dtype])
+    rows = function(KERNEL_DTYPES[dtype])
+    if rows == 0:
+        _say_torch_multiplies()
+    return rows
+
+
+@functools.cache
+def _say_torch_multiplies() -> None:
+    logger.info(
+        "slotwise_cpu: linear layers run torch's GEMM: the plugin's small GEMM has vector "
+        "code for AVX-512 only, which this CPU lacks"
+    )
 
 
 def _linear_before_the_kernels(
