@@ -142,7 +142,8 @@ class StaticGraphWrapper:
             inputs = self._capture(size, entry, args)
             check_outputs = True  # the replay right after capture
         else:
-            inputs = graph_inputs(_copied_into(entry.buffers, args))
+            # A replay runs no Python: a partition's list stays as it was handed over.
+            inputs = _copied_into(entry.buffers, args)
             if not entry.addresses_checked or self.config.debug_checks:
                 check_input_addresses(self.name, size, entry.addresses or [], inputs)
                 entry.addresses_checked = True
@@ -151,7 +152,8 @@ class StaticGraphWrapper:
         return entry.outputs
 
     def _replay(self, size: int, entry: SizeEntry, inputs: Sequence[Any], check: bool) -> None:
-        """Replay ``size``'s graph; with ``check``, make sure it wrote the captured outputs."""
+        """Replay ``size``'s graph; with ``check``, make sure it wrote the captured outputs
+        (``inputs``: what it reads, as ``graph_inputs`` opens them)."""
         assert entry.graph is not None
         if not check:
             entry.graph.replay()
