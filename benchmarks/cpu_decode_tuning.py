@@ -88,6 +88,18 @@ def weight_shapes() -> list[tuple[int, int]]:
     return layer * c.num_layers + [(c.vocab_size, c.hidden_size)]
 
 
+def onednn_packs(dtype: Any) -> bool:
+    """Whether oneDNN prepacks weights of ``dtype`` on this CPU (its 2-byte paths need
+    AVX-512 or AVX-NE-CONVERT, and refuse to pack otherwise)."""
+    import torch
+
+    if dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if dtype == torch.float16:
+        return torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    return True
+
+
 def product_variants(dtype: Any, rows: int) -> tuple[dict[str, Callable[[], None]], int]:
     """One pass over every weight of the preset per variant, for ``rows`` rows of input;
     and the bytes it reads."""
@@ -142,10 +154,11 @@ def product_variants(dtype: Any, rows: int) -> tuple[dict[str, Callable[[], None
                 )
 
         variants["small GEMM kernel, bare C call"] = bare_kernel
-    packed = [(x, torch.ops.mkldnn._reorder_linear_weight(w, 1)) for x, w in pairs]
-    variants["oneDNN prepacked"] = lambda: [
-        torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "") for x, p in packed
-    ]
+    if onednn_packs(dtype):
+        packed = [(x, torch.ops.mkldnn._reorder_linear_weight(w, 1)) for x, w in pairs]
+        variants["oneDNN prepacked"] = lambda: [
+            torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "") for x, p in packed
+        ]
     if dtype == torch.float32:
         mkl = [(x, torch.ops.mkl._mkl_reorder_linear_weight(w, rows), w) for x, w in pairs]
         variants["MKL prepacked"] = lambda: [

@@ -51,9 +51,9 @@ def within_output_rounding(
 @pytest.mark.parametrize("rows", ["one", "two", "three", "four", "five", "most", "most-3"])
 def test_products_of_a_few_rows_match_float64(dtype, shape, bias, rows):
     # The kernel takes rows of x four at a time: "most-3" and "five" end on a group of
-    # one; it reads one weight row at a time up to three rows of float32 (four of the
-    # 2-byte dtypes), four weight rows at a time above; up to "four" in one pass, which
-    # loads x and the weights differently from the passes of more rows.
+    # one; it reads one weight row at a time up to three rows of float32 (one with AVX2
+    # alone; four of the 2-byte dtypes), four weight rows at a time above; up to "four"
+    # in one pass, which loads x and the weights differently from the passes of more rows.
     most = linear.max_kernel_rows(dtype)
     counts = {
         "one": 1,
@@ -79,17 +79,20 @@ def test_products_of_a_few_rows_match_float64(dtype, shape, bias, rows):
 
 
 def test_the_kernel_takes_the_rows_it_is_faster_for_on_this_cpu(caplog):
-    # Without AVX-512 the kernel has only scalar code, 4x to 25x slower than torch on an
-    # AVX2 Zen 3: it takes no rows. On AMX tiles, and with AVX512-BF16 on a CPU without
-    # AMX (AMD's Zen 4), it beats torch up to 16 rows of bfloat16; elsewhere it takes up
-    # to 4, beyond which oneDNN is faster.
+    # With neither AVX-512 nor AVX2 the kernel has only scalar code, 4x to 25x slower
+    # than torch: it takes no rows. With AVX2 alone it beats torch up to 16 rows in every
+    # dtype. With AVX-512: on AMX tiles, and with AVX512-BF16 on a CPU without AMX (AMD's
+    # Zen 4), up to 16 rows of bfloat16; elsewhere up to 4, beyond which oneDNN is faster.
     flags = native._cpu_flags().split()  # the CPU's feature flags, as the build keys on
-    if "avx512f" not in flags:
+    if "avx512f" not in flags and not {"avx2", "fma", "f16c"} <= set(flags):
         linear._say_torch_multiplies.cache_clear()
         with caplog.at_level(logging.INFO, logger="slotwise"):
             assert [linear.max_kernel_rows(dtype) for dtype in KERNEL_DTYPES] == [0, 0, 0]
         assert not any(linear.runs_kernel(dtype) for dtype in KERNEL_DTYPES)
         assert caplog.text.count("linear layers run torch's GEMM") == 1  # once, not per call
+        return
+    if "avx512f" not in flags:
+        assert [linear.max_kernel_rows(dtype) for dtype in KERNEL_DTYPES] == [16, 16, 16]
         return
     fast = "amx_bf16" in flags or "avx512_bf16" in flags
     assert linear.max_kernel_rows(torch.bfloat16) == (16 if fast else 4)
@@ -143,7 +146,7 @@ def test_linear_layers_of_kernel_dtypes_are_routed_to_the_op(dtype, routed):
     inputs = [torch.randn(1, 16), torch.randn(8, 16), torch.randn(4, 8), torch.randn(4)]
     inputs = [t.to(dtype) for t in inputs]
     expected = graph(*inputs)
-    routed = routed if linear.runs_kernel(dtype) else 0  # none without AVX-512
+    routed = routed if linear.runs_kernel(dtype) else 0  # none without AVX-512 or AVX2
     assert route_linear_layers(graph, inputs) == routed
     targets = [node.target for node in graph.graph.nodes if node.op == "call_function"]
     assert targets.count(torch.ops.slotwise_cpu.linear.default) == routed

@@ -30,7 +30,8 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 #: dot products.
 LAYOUTS = [
     (8, 4, 64, 16), (16, 4, 64, 16), (8, 4, 128, 16), (32, 2, 128, 16), (6, 2, 80, 5),
-    (3, 3, 20, 32), (16, 1, 64, 1), (4, 2, 96, 32), (16, 16, 32, 16),
+    (3, 3, 20, 32), (16, 1, 64, 1), (4, 2, 96, 32), (16, 16, 32, 16), (4, 2, 256, 16),
+    (16, 4, 128, 16),
 ]  # fmt: skip
 #: Lengths around the 512-token partitions the kernel splits requests into (each scored,
 #: then summed, then merged with the others of its request), and a last partition short.

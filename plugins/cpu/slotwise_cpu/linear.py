@@ -6,8 +6,8 @@ every weight once, so it runs at the speed the weights stream from memory.  torc
 bfloat16 and float16 GEMM (oneDNN) spends more time converting than streaming there, and
 MKL's float32 GEMM reads the weight again for every few rows; the kernel reads it once
 for up to 16 rows (bfloat16 on AMX tiles from 3 rows where the CPU has them, in pairs
-with AVX512-BF16 otherwise).  Above the rows where torch catches up
-(``max_kernel_rows``), calls go to ``F.linear`` unchanged.
+with AVX512-BF16 otherwise, widened to float32 on a CPU with AVX2 alone).  Above the
+rows where torch catches up (``max_kernel_rows``), calls go to ``F.linear`` unchanged.
 
 The op's CPU kernel, which chooses between the two, is C++ (``csrc/ops.cpp``, loaded by
 ``slotwise_cpu.native``): it runs once per linear layer and step, and a kernel written
@@ -41,7 +41,8 @@ linear_op = torch.ops.slotwise_cpu.linear.default
 
 def runs_kernel(weight_dtype: torch.dtype) -> bool:
     """Whether products of a few rows with weights of this dtype run the kernel here
-    (not where it cannot be built, nor on a CPU without AVX-512: ``max_kernel_rows``)."""
+    (not where it cannot be built, nor on a CPU without AVX-512 or AVX2:
+    ``max_kernel_rows``)."""
     return max_kernel_rows(weight_dtype) > 0
 
 
@@ -62,7 +63,7 @@ def max_kernel_rows(dtype: torch.dtype) -> int:
 def _say_torch_multiplies() -> None:
     logger.info(
         "slotwise_cpu: linear layers run torch's GEMM: the plugin's small GEMM has vector "
-        "code for AVX-512 only, which this CPU lacks"
+        "code for AVX-512 and AVX2 only, which this CPU lacks"
     )
 
 

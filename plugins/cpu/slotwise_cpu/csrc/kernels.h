@@ -17,9 +17,10 @@ int slotwise_small_gemm(const void *x, int64_t x_stride, const void *weight, con
                         void *out, int64_t out_stride, int64_t m, int64_t n, int64_t k,
                         int dtype, int num_threads);
 
-/* The most rows of ``dtype`` it serves faster than torch's GEMM: none without AVX-512;
- * else 16, but for bfloat16 16 only where the CPU has AMX tiles (and the process may use
- * them) or AVX512-BF16 without AMX, else 4 (small_gemm.c).  Inner sizes that are not
+/* The most rows of ``dtype`` it serves faster than torch's GEMM: none without AVX-512 or
+ * AVX2; 16 with AVX2 alone; with AVX-512 16, but for bfloat16 16 only where the CPU has
+ * AMX tiles (and the process may use them) or AVX512-BF16 without AMX, else 4
+ * (small_gemm.c).  Inner sizes that are not
  * whole 32s, which no model here has, run its vector code at any rows. */
 int slotwise_small_gemm_rows(int dtype);
 

@@ -22,7 +22,8 @@
  *   out          [num_seqs, num_heads, head_size], the dtype of q
  *
  * The hot loops use AVX-512 where the compiler targets it (-march=native on a CPU that
- * has it) and portable C, which compilers vectorise, elsewhere.
+ * has it), else AVX2 where it targets that (the ungrouped loops only), and portable C,
+ * which compilers vectorise, elsewhere.
  */
 #define _GNU_SOURCE /* syscall(), for amx.h */
 #include <math.h>
@@ -36,7 +37,11 @@
 #include "lane_sums.h"
 #include "scalars.h"
 
-#ifdef __AVX512F__
+/* The AVX2 loops, where the CPU has AVX2 but not AVX-512 (AMD's Zen 2 and Zen 3). */
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define AVX2_LOOPS 1
+#endif
+#if defined(__AVX512F__) || defined(AVX2_LOOPS)
 #include <immintrin.h>
 #endif
 
@@ -50,15 +55,50 @@ enum { PARTITION = 512, TILE = 16 };
 /* Where element d of a head lives in the float32 query and accumulator rows.  bfloat16
  * rows of a multiple of 32 elements are kept "paired" under AVX-512: each 32 elements
  * as their 16 even then their 16 odd ones, the order in which one 512-bit load of
- * bfloat16 splits into two float32 vectors with a shift and a mask. */
+ * bfloat16 splits into two float32 vectors with a shift and a mask; under AVX2 each 16
+ * as their 8 even then 8 odd ones, for a 256-bit load. */
+#ifdef AVX2_LOOPS
+/* Whether the AVX2 loops take rows of ``n`` elements (else the portable ones): whole 16s,
+ * as many as the registers hold. */
+static inline int avx2_rows(int64_t n) { return n % 16 == 0 && n <= 128; }
+#endif
+
 static inline int64_t lane(int64_t d, int64_t n, int dtype) {
 #ifdef __AVX512F__
     if (dtype == DTYPE_BFLOAT16 && n % 32 == 0) return (d & ~(int64_t)31) + (d & 1) * 16 + (d & 31) / 2;
+#elif defined(AVX2_LOOPS)
+    if (dtype == DTYPE_BFLOAT16 && avx2_rows(n))
+        return (d & ~(int64_t)15) + (d & 1) * 8 + (d & 15) / 2;
 #else
     (void)n;
     (void)dtype;
 #endif
     return d;
+}
+
+/* The portable loops, which compilers vectorise: on a CPU without AVX-512 or AVX2, and
+ * under AVX2 for the rows its loops do not take (see avx2_rows). */
+static inline void dot_rows_portable(float *restrict scores, const float *restrict q,
+                                     const char *rows, int64_t count, int64_t stride,
+                                     int64_t n, int dtype) {
+    for (int64_t t = 0; t < count; t++) {
+        const char *row = rows + t * stride;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t i = 0; i < n; i++) sum += q[i] * load_scalar(row, i, dtype);
+        scores[t] = sum;
+    }
+}
+
+static inline void accumulate_rows_portable(float *restrict acc, const float *restrict weights,
+                                            const char *rows, int64_t count, int64_t stride,
+                                            int64_t n, int dtype) {
+    for (int64_t t = 0; t < count; t++) {
+        const float w = weights[t];
+        const char *row = rows + t * stride;
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) acc[i] += w * load_scalar(row, i, dtype);
+    }
 }
 
 #ifdef __AVX512F__
@@ -298,27 +338,138 @@ static inline float exp_and_sum(float *scores, int64_t count, float maximum) {
     _mm512_mask_storeu_ps(scores, mask, e);
     return _mm512_reduce_add_ps(e);
 }
+#elif defined(AVX2_LOOPS)
+/* 16 bfloat16 at ``p`` as float32: the even elements, then the odd ones (see lane). */
+static inline void load16_paired(const void *p, __m256 *even, __m256 *odd) {
+    const __m256i x = _mm256_loadu_si256((const __m256i *)p);
+    *even = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    *odd = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+/* 8 elements of ``dtype`` at ``p`` as floats. */
+static inline __m256 load8(const void *p, int dtype) {
+    if (dtype == DTYPE_FLOAT32) return _mm256_loadu_ps((const float *)p);
+    const __m128i half = _mm_loadu_si128((const __m128i *)p);
+    if (dtype == DTYPE_FLOAT16) return _mm256_cvtph_ps(half);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
+
+/* One cached row of ``n`` elements (a multiple of 16, at most 128) as n / 8 float
+ * vectors, bfloat16 rows paired as the query and accumulators are. */
+static inline __attribute__((always_inline)) void load_row(__m256 *row, const char *p,
+                                                           int64_t n, int dtype) {
+    const int64_t elem = dtype == DTYPE_FLOAT32 ? 4 : 2;
+    if (dtype == DTYPE_BFLOAT16) {
+        for (int64_t c = 0; c < n / 8; c += 2) load16_paired(p + 16 * c, &row[c], &row[c + 1]);
+        return;
+    }
+    for (int64_t c = 0; c < n / 8; c++) row[c] = load8(p + 8 * c * elem, dtype);
+}
+
+/* The sums of the lanes of v[0] to v[7], as one vector (lane i: v[i]'s). */
+static inline __m256 lane_sums8(const __m256 v[8]) {
+    const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20),
+                         _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+/* Lanes below ``count`` (at most 8) set. */
+static inline __m256i first_lanes(int64_t count) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)count),
+                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* scores[t] = q . rows[t] for ``count`` rows ``stride`` bytes apart, ``n`` elements each,
+ * eight rows at a time, their sums reduced together (lane_sums8). */
+static inline __attribute__((always_inline)) void dot_rows(float *restrict scores,
+                                                           const float *restrict q,
+                                                           const char *rows, int64_t count,
+                                                           int64_t stride, int64_t n, int dtype) {
+    if (!avx2_rows(n)) {
+        dot_rows_portable(scores, q, rows, count, stride, n, dtype);
+        return;
+    }
+    for (int64_t first = 0; first < count; first += 8) {
+        __m256 sums[8];
+#pragma GCC unroll 8
+        for (int64_t t = 0; t < 8; t++) {
+            sums[t] = _mm256_setzero_ps();
+            if (first + t >= count) continue;
+            __m256 row[16];
+            load_row(row, rows + (first + t) * stride, n, dtype);
+            for (int64_t c = 0; c < n / 8; c++)
+                sums[t] = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), row[c], sums[t]);
+        }
+        _mm256_maskstore_ps(scores + first, first_lanes(count - first), lane_sums8(sums));
+    }
+}
+
+/* acc[0:n] += sum over t of weights[t] * rows[t], accumulating in registers. */
+static inline __attribute__((always_inline)) void accumulate_rows(float *restrict acc,
+                                                                  const float *restrict weights,
+                                                                  const char *rows, int64_t count,
+                                                                  int64_t stride, int64_t n,
+                                                                  int dtype) {
+    if (!avx2_rows(n)) {
+        accumulate_rows_portable(acc, weights, rows, count, stride, n, dtype);
+        return;
+    }
+    __m256 sums[16];
+    for (int64_t c = 0; c < n / 8; c++) sums[c] = _mm256_loadu_ps(acc + 8 * c);
+    for (int64_t t = 0; t < count; t++) {
+        const __m256 w = _mm256_set1_ps(weights[t]);
+        __m256 row[16];
+        load_row(row, rows + t * stride, n, dtype);
+        for (int64_t c = 0; c < n / 8; c++) sums[c] = _mm256_fmadd_ps(w, row[c], sums[c]);
+    }
+    for (int64_t c = 0; c < n / 8; c++) _mm256_storeu_ps(acc + 8 * c, sums[c]);
+}
+
+/* exp(x) for 8 floats, as exp16 under AVX-512 computes it: 2^(x log2 e) as 2^n times a
+ * degree-6 polynomial of the rest, 2^n built in the exponent bits. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f)); /* 2^n stays a normal float */
+    const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
+    const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(t, n); /* in [-0.5, 0.5] */
+    __m256 p = _mm256_set1_ps(1.5353362e-4f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3398874e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6180370e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5503406e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022652e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    const __m256i two_n =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
+}
+
+/* scores[0:count] <- exp(scores - maximum); returns their sum. */
+static inline float exp_and_sum(float *scores, int64_t count, float maximum) {
+    __m256 total = _mm256_setzero_ps();
+    for (int64_t t = 0; t < count; t += 8) {
+        const __m256i mask = first_lanes(count - t);
+        const __m256 s = _mm256_maskload_ps(scores + t, mask);
+        const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(s, _mm256_set1_ps(maximum))),
+                                       _mm256_castsi256_ps(mask));
+        _mm256_maskstore_ps(scores + t, mask, e);
+        total = _mm256_add_ps(total, e);
+    }
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
 #else
 static inline void dot_rows(float *restrict scores, const float *restrict q, const char *rows,
                             int64_t count, int64_t stride, int64_t n, int dtype) {
-    for (int64_t t = 0; t < count; t++) {
-        const char *row = rows + t * stride;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t i = 0; i < n; i++) sum += q[i] * load_scalar(row, i, dtype);
-        scores[t] = sum;
-    }
+    dot_rows_portable(scores, q, rows, count, stride, n, dtype);
 }
 
 static inline void accumulate_rows(float *restrict acc, const float *restrict weights,
                                    const char *rows, int64_t count, int64_t stride, int64_t n,
                                    int dtype) {
-    for (int64_t t = 0; t < count; t++) {
-        const float w = weights[t];
-        const char *row = rows + t * stride;
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) acc[i] += w * load_scalar(row, i, dtype);
-    }
+    accumulate_rows_portable(acc, weights, rows, count, stride, n, dtype);
 }
 
 static inline float exp_and_sum(float *scores, int64_t count, float maximum) {

@@ -12,7 +12,8 @@
  * arithmetic that more rows of x bring).
  * bfloat16 weights meet bfloat16 activations in AVX512-BF16's dot-product instruction
  * (products exact, sums in float32) where the CPU has it, and from AMX_MIN_M rows on in
- * AMX tile products where the CPU has those (see amx_gemm).
+ * AMX tile products where the CPU has those (see amx_gemm).  A CPU with AVX2 but not
+ * AVX-512 runs eight-lane float32 code on the same plan (see the AVX2 inner steps).
  */
 #define _GNU_SOURCE /* syscall(), for amx.h */
 #include <omp.h>
@@ -25,7 +26,7 @@
 #include "lane_sums.h"
 #include "scalars.h"
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -35,10 +36,15 @@ enum { STATUS_OK = 0, STATUS_BAD_ARGUMENT = 1 };
  * row at a time (dot_row, which prefetches ROW_PREFETCH_BYTES ahead), above ROWS weight
  * rows per inner step (dot_block), their weight prefetched PREFETCH_GROUPS such steps
  * ahead.  The limits are where dot_block caught up in the measurements of dot_row's
- * comment. */
+ * comment; with AVX2 alone, float32 blocks win from two rows (AMD EPYC, Zen 3, the
+ * small preset's weights, two threads, two runs: 1.05x to 1.12x at 2 and 3 rows). */
 enum {
     MAX_M = 16,
+#ifdef __AVX512F__
     ONE_ROW_MAX_M = 3,
+#else
+    ONE_ROW_MAX_M = 1,
+#endif
     ONE_ROW_MAX_M_HALF = 4,
     ROWS = 4,
     PREFETCH_GROUPS = 2,
@@ -66,6 +72,13 @@ static inline void dot_rows_scalar(const Problem *p, int64_t row, int64_t rows,
             sums[r][i] = sum;
         }
     }
+}
+
+/* The rows of x a block reads, x[i] for i < count; the rest point at the first, unread. */
+static inline void x_rows(const Problem *p, int64_t first, int64_t count, int64_t elem,
+                          const char *x[4]) {
+    for (int64_t i = 0; i < 4; i++)
+        x[i] = p->x + (first + (i < count ? i : 0)) * p->x_stride * elem;
 }
 
 #ifdef __AVX512F__
@@ -161,13 +174,6 @@ static inline int64_t step_lanes(int dtype) {
     (void)dtype;
     return 16;
 #endif
-}
-
-/* The rows of x a block reads, x[i] for i < count; the rest point at the first, unread. */
-static inline void x_rows(const Problem *p, int64_t first, int64_t count, int64_t elem,
-                          const char *x[4]) {
-    for (int64_t i = 0; i < 4; i++)
-        x[i] = p->x + (first + (i < count ? i : 0)) * p->x_stride * elem;
 }
 
 /* sums[r][i] = x[i] . weight[row + r] for i in [first, first + count), count <= 4, so
@@ -345,6 +351,161 @@ static inline void dot_rows(const Problem *p, int64_t row, float sums[ROWS][MAX_
 static inline void dot_one_row(const Problem *p, int64_t row, float sums[ROWS][MAX_M]) {
     dot_x_rows(p, row, dot_row_for, sums);
 }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+/* The AVX2 inner steps (AMD's Zen 2 and Zen 3, Intel before AVX-512): eight float32
+ * lanes, no masks, no bfloat16 arithmetic.  A step takes 16 elements along k as two
+ * float32 vectors, ``lo`` and ``hi``; bfloat16 needs no conversion instruction for that:
+ * a bfloat16 is the top half of its float32, so the 32-bit lanes of 16 loaded bfloat16
+ * shifted left by 16 are the even elements and masked to their top half the odd ones.
+ * x and the weight split alike, so the products pair up as they must; the sums are
+ * float32 as everywhere, added in another order.  The last k % 16 elements are added by
+ * tail_dot. */
+enum { STEP = 16, X_BLOCK = 2 };
+
+typedef struct {
+    __m256 lo, hi;
+} Step;
+
+static inline __attribute__((always_inline)) Step load_step(const char *p, int dtype) {
+    if (dtype == DTYPE_FLOAT32)
+        return (Step){_mm256_loadu_ps((const float *)p), _mm256_loadu_ps((const float *)p + 8)};
+    if (dtype == DTYPE_FLOAT16)
+        return (Step){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
+                      _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p + 1))};
+    const __m256i pairs = _mm256_loadu_si256((const __m256i *)p);
+    return (Step){_mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)),
+                  _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(-65536)))};
+}
+
+static inline __attribute__((always_inline)) __m256 fma_step(Step w, Step x, __m256 acc) {
+    return _mm256_fmadd_ps(w.hi, x.hi, _mm256_fmadd_ps(w.lo, x.lo, acc));
+}
+
+static inline float lane_sum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* x . w over the elements the vector steps left, from ``j`` on. */
+static inline float tail_dot(const char *w, const char *x, int64_t j, int64_t k, int dtype) {
+    float sum = 0.0f;
+    for (; j < k; j++) sum += load_scalar(w, j, dtype) * load_scalar(x, j, dtype);
+    return sum;
+}
+
+/* sums[0][first + i] = x[first + i] . weight[row] for i < count <= 4: one weight row
+ * streamed front to back (see the AVX-512 dot_row for why one stream, prefetched ahead),
+ * two accumulators per row of x so that two sums are in flight. */
+static inline __attribute__((always_inline)) void dot_row(const Problem *p, int64_t row,
+                                                          int64_t first, const int64_t count,
+                                                          const int dtype,
+                                                          float sums[ROWS][MAX_M]) {
+    const int64_t k = p->k, elem = dtype == DTYPE_FLOAT32 ? 4 : 2, steps = k / STEP;
+    const char *w = p->weight + row * k * elem, *x[4];
+    x_rows(p, first, count, elem, x);
+    __m256 acc[4][2];
+    for (int64_t i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    int64_t s = 0;
+    for (; s + 2 <= steps; s += 2) {
+        const char *at = w + s * STEP * elem;
+        __builtin_prefetch(at + ROW_PREFETCH_BYTES, 0, 3);
+        __builtin_prefetch(at + ROW_PREFETCH_BYTES + 64, 0, 3);
+        const Step w0 = load_step(at, dtype), w1 = load_step(at + STEP * elem, dtype);
+        for (int64_t i = 0; i < count; i++) {
+            acc[i][0] = fma_step(w0, load_step(x[i] + s * STEP * elem, dtype), acc[i][0]);
+            acc[i][1] = fma_step(w1, load_step(x[i] + (s + 1) * STEP * elem, dtype), acc[i][1]);
+        }
+    }
+    for (; s < steps; s++) {
+        const Step w0 = load_step(w + s * STEP * elem, dtype);
+        for (int64_t i = 0; i < count; i++)
+            acc[i][0] = fma_step(w0, load_step(x[i] + s * STEP * elem, dtype), acc[i][0]);
+    }
+    for (int64_t i = 0; i < count; i++)
+        sums[0][first + i] = lane_sum(_mm256_add_ps(acc[i][0], acc[i][1])) +
+                             tail_dot(w, x[i], steps * STEP, k, dtype);
+}
+
+/* sums[r][first + i] = x[first + i] . weight[row + r] for r < ROWS, i < count <= X_BLOCK:
+ * eight accumulators, which with the loaded vectors fill AVX2's sixteen registers; the
+ * weight rows come from the cache after the first block of x rows, and the rows
+ * PREFETCH_GROUPS groups on are asked for meanwhile (see the AVX-512 prefetch_ahead). */
+static inline __attribute__((always_inline)) void dot_block(const Problem *p, int64_t row,
+                                                            int64_t first,
+                                                            const int64_t count,
+                                                            const int dtype,
+                                                            float sums[ROWS][MAX_M]) {
+    const int64_t k = p->k, elem = dtype == DTYPE_FLOAT32 ? 4 : 2, steps = k / STEP;
+    const int64_t ahead = PREFETCH_GROUPS * ROWS * k * elem;
+    const char *w[ROWS], *x[4];
+    for (int64_t r = 0; r < ROWS; r++) w[r] = p->weight + (row + r) * k * elem;
+    x_rows(p, first, count, elem, x);
+    __m256 acc[ROWS][X_BLOCK];
+    for (int64_t r = 0; r < ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < steps; s++) {
+        const int64_t byte = s * STEP * elem;
+        Step xs[X_BLOCK];
+        for (int64_t i = 0; i < count; i++) {
+            xs[i] = load_step(x[i] + byte, dtype);
+            /* Held in registers: GCC otherwise folds the loads of x into the multiply-adds,
+             * once per weight row (float32 at 16 rows, Zen 3: 1.2x to 1.3x with this). */
+            __asm__("" : "+x"(xs[i].lo), "+x"(xs[i].hi));
+        }
+        for (int64_t r = 0; r < ROWS; r++) {
+            __builtin_prefetch(w[r] + ahead + byte, 0, 3);
+            const Step ws = load_step(w[r] + byte, dtype);
+            for (int64_t i = 0; i < count; i++) acc[r][i] = fma_step(ws, xs[i], acc[r][i]);
+        }
+    }
+    for (int64_t r = 0; r < ROWS; r++)
+        for (int64_t i = 0; i < count; i++)
+            sums[r][first + i] =
+                lane_sum(acc[r][i]) + tail_dot(w[r], x[i], steps * STEP, k, dtype);
+}
+
+/* dot_row and dot_block with constant sizes and dtype, so that their accumulators live
+ * in registers: FUNCTION_DTYPE(p, row, first, count, sums), one table per function;
+ * dot_row takes up to four rows of x a call, dot_block up to X_BLOCK. */
+typedef void (*DotFunction)(const Problem *, int64_t, int64_t, int64_t, float[ROWS][MAX_M]);
+#define SPECIALISE_ROW(DTYPE)                                                             \
+    static void dot_row_##DTYPE(const Problem *p, int64_t row, int64_t first, int64_t count, \
+                                float sums[ROWS][MAX_M]) {                                \
+        switch (count) {                                                                  \
+        case 1: dot_row(p, row, first, 1, DTYPE, sums); break;                            \
+        case 2: dot_row(p, row, first, 2, DTYPE, sums); break;                            \
+        case 3: dot_row(p, row, first, 3, DTYPE, sums); break;                            \
+        default: dot_row(p, row, first, 4, DTYPE, sums); break;                           \
+        }                                                                                 \
+    }
+#define SPECIALISE_BLOCK(DTYPE)                                                           \
+    static void dot_block_##DTYPE(const Problem *p, int64_t row, int64_t first,           \
+                                  int64_t count, float sums[ROWS][MAX_M]) {               \
+        if (count == 1)                                                                   \
+            dot_block(p, row, first, 1, DTYPE, sums);                                     \
+        else                                                                              \
+            dot_block(p, row, first, X_BLOCK, DTYPE, sums);                               \
+    }
+#define SPECIALISE_ALL(KIND, FUNCTION)                                                    \
+    KIND(DTYPE_FLOAT32) KIND(DTYPE_BFLOAT16) KIND(DTYPE_FLOAT16)                          \
+    static const DotFunction FUNCTION##_for[3] = {                                        \
+        FUNCTION##_DTYPE_FLOAT32, FUNCTION##_DTYPE_BFLOAT16, FUNCTION##_DTYPE_FLOAT16};
+SPECIALISE_ALL(SPECIALISE_ROW, dot_row)
+SPECIALISE_ALL(SPECIALISE_BLOCK, dot_block)
+#undef SPECIALISE_ALL
+#undef SPECIALISE_BLOCK
+#undef SPECIALISE_ROW
+
+static inline void dot_rows(const Problem *p, int64_t row, float sums[ROWS][MAX_M]) {
+    for (int64_t first = 0; first < p->m; first += X_BLOCK)
+        dot_block_for[p->dtype](p, row, first, p->m - first < X_BLOCK ? p->m - first : X_BLOCK,
+                                sums);
+}
+
+static inline void dot_one_row(const Problem *p, int64_t row, float sums[ROWS][MAX_M]) {
+    for (int64_t first = 0; first < p->m; first += 4)
+        dot_row_for[p->dtype](p, row, first, p->m - first < 4 ? p->m - first : 4, sums);
+}
 #else
 static inline void dot_rows(const Problem *p, int64_t row, float sums[ROWS][MAX_M]) {
     dot_rows_scalar(p, row, ROWS, sums);
@@ -473,19 +634,18 @@ static int64_t amx_gemm(const Problem *p, int num_threads) {
 
 /* The most rows of x the kernel serves faster than torch's GEMM, by dtype.
  *
- * Without AVX-512 it has only its scalar loop, which on an AVX2-only AMD EPYC (Zen 3,
- * two threads) took 4x to 6x torch's time at one row and 23x to 25x at 16 in float32, 8x
- * to 12x in bfloat16: it serves no rows there.  With AVX-512, float32 and float16 up to
- * its limit of 16 rows.  bfloat16: where AVX512-BF16's dot product is the CPU's fast path,
- * with no AMX (AMD's Zen 4), the vector code beats torch's GEMM at every row count (over
- * the small preset's weights, two threads: 1.79x at 8 rows, 1.60x at 16); where the CPU
- * has AMX tiles but the process was refused them, the same instruction is slow from a few
- * rows on (see amx_gemm). */
+ * With AVX-512, float32 and float16 up to its limit of 16 rows.  bfloat16: where
+ * AVX512-BF16's dot product is the CPU's fast path, with no AMX (AMD's Zen 4), the vector
+ * code beats torch's GEMM at every row count (over the small preset's weights, two
+ * threads: 1.79x at 8 rows, 1.60x at 16); where the CPU has AMX tiles but the process was
+ * refused them, the same instruction is slow from a few rows on (see amx_gemm).
+ * With AVX2 only, every dtype up to 16 rows: on an AMD EPYC (Zen 3, two threads, the
+ * small preset's weights, one run) torch's float32 GEMM streamed them at 5 to 11 GB/s and
+ * its bfloat16 GEMM at 12 GB/s at one row down to 1.1 at 16; the AVX2 code took 0.54x
+ * (float32) and 0.59x (bfloat16) of torch's time at one row, 0.59x and 0.18x at 16.
+ * With neither, only the scalar loop, 4x to 25x torch's time there: no rows. */
 int slotwise_small_gemm_rows(int dtype) {
-#ifndef __AVX512F__
-    (void)dtype;
-    return 0;
-#else
+#if defined(__AVX512F__)
     if (dtype != DTYPE_BFLOAT16) return MAX_M;
 #ifdef HAVE_AMX
     return amx_permitted() ? MAX_M : 4;
@@ -494,6 +654,12 @@ int slotwise_small_gemm_rows(int dtype) {
 #else
     return 4;
 #endif
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    (void)dtype;
+    return MAX_M;
+#else
+    (void)dtype;
+    return 0;
 #endif
 }
 
