@@ -196,7 +196,11 @@ def test_memory_not_yet_written_is_given_huge_pages_as_it_is_written():
     # Above glibc's largest mmap threshold (32 MiB): a fresh mapping, nothing written.
     tensor = torch.empty(40 * MIB // 4)
     report = huge_pages.advise([tensor])
-    assert report is not None and not report.refusals and report.marked >= 18
+    # Marked, mostly; where the address range held an earlier mapping whose page tables
+    # the kernel kept, it collapses the empty range into zeroed huge pages at once (seen
+    # on Linux 6.18 once in a run of the whole folder): huge pages either way.
+    assert report is not None and not report.refusals
+    assert report.marked + report.moved >= 18
     tensor.fill_(3.0)
     page_size = huge_pages.huge_page_size()
     assert huge_bytes(tensor) >= interior_bytes(tensor, page_size) >= 36 * MIB

@@ -13,6 +13,12 @@ import math
 
 import pytest
 import torch
+from kernel_oracles import (
+    assert_matches,
+    float64_reference,
+    paged_cache,
+    shuffled_block_table,
+)
 
 from slotwise.attention import AttentionMetadataBuilder, write_to_kv_cache
 from slotwise_cpu import paged_decode
@@ -41,53 +47,6 @@ LENGTHS = [1, 17, 255, 511, 512, 513, 1200]
 @pytest.fixture(scope="module")
 def kernel():
     assert paged_decode.available(), "the kernels must build where C and C++ compilers are"
-
-
-def paged_cache(num_blocks, block_size, kv_heads, head_size, dtype, generator):
-    """A layer's KV cache as allocated: [2 (keys, values), blocks, block size, heads, D]."""
-    shape = (2, num_blocks, block_size, kv_heads, head_size)
-    return torch.randn(shape, generator=generator).to(dtype)
-
-
-def shuffled_block_table(lengths, block_size, num_blocks, generator, spare=2):
-    """Each request's blocks drawn at random from the cache, rows padded with more."""
-    width = max(math.ceil(n / block_size) for n in lengths) + spare
-    rows = [torch.randperm(num_blocks, generator=generator)[:width] for _ in lengths]
-    return torch.stack(rows).to(torch.int32)
-
-
-def float64_reference(q, keys, values, block_table, lengths, scale):
-    """Softmax attention of each one-token query over its request's tokens, in float64."""
-    _, heads, head_size = q.shape
-    block_size, kv_heads = keys.shape[1], keys.shape[2]
-    group = heads // kv_heads
-    out = []
-    for r, length in enumerate(lengths):
-        blocks = block_table[r, : math.ceil(length / block_size)].long()
-        k = keys[blocks].reshape(-1, kv_heads, head_size)[:length].double()
-        v = values[blocks].reshape(-1, kv_heads, head_size)[:length].double()
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        scores = torch.einsum("hd,thd->ht", q[r].double() * scale, k)
-        out.append(torch.einsum("ht,thd->hd", scores.softmax(-1), v))
-    return torch.stack(out)
-
-
-#: What float32 arithmetic may be off by: scores of up to about 40 (|q| ~ 3, 128 dims)
-#: hold about 1e-5 of rounding, which the softmax passes on; torch's own float32
-#: attention of these inputs is off by up to 7e-6.
-FLOAT32_ATOL, FLOAT32_RTOL = 2e-5, 1e-5
-
-
-def assert_matches(out, expected):
-    """float32: to float32 rounding; lower precisions: the float32 arithmetic's error,
-    then the output's own rounding (the kernel accumulates in float32)."""
-    if out.dtype == torch.float32:
-        torch.testing.assert_close(out.double(), expected, atol=FLOAT32_ATOL, rtol=FLOAT32_RTOL)
-    else:
-        rounding = (expected.to(out.dtype).double() - expected).abs()
-        ulp = torch.finfo(out.dtype).eps * expected.abs().clamp_min(1e-2)
-        float32_error = FLOAT32_ATOL + FLOAT32_RTOL * expected.abs()
-        assert ((out.double() - expected).abs() <= rounding + ulp + float32_error).all()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
