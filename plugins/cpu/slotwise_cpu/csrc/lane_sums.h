@@ -5,12 +5,33 @@
  * separate reductions take four each, and the sums come out as one vector.  The lanes are
  * added in the order in which GCC's _mm512_reduce_add_ps adds them (lane j with j + 8,
  * then with j + 4, j + 2, j + 1), so each sum is the same bits as that reduction's.
+ * For the AVX2 code, the same for eight 8-lane vectors, and the sum of one.
  */
 #ifndef SLOTWISE_CPU_LANE_SUMS_H
 #define SLOTWISE_CPU_LANE_SUMS_H
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
+#endif
+
+#ifdef __AVX2__
+/* The sum of v's eight lanes. */
+static inline float lane_sum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* Lane i of the result: the sum of v[i]'s eight lanes. */
+static inline __m256 lane_sums8(const __m256 v[8]) {
+    const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20),
+                         _mm256_permute2f128_ps(a, b, 0x31));
+}
+#endif
+
+#ifdef __AVX512F__
 
 /* pair_chunks(a, b): a's 128-bit chunks 0 + 2 and 1 + 3 in the low half, b's in the high
  * half; pair_halves of two such: the four vectors' partial sums in chunks 0 to 3;

@@ -366,14 +366,6 @@ static inline __attribute__((always_inline)) void load_row(__m256 *row, const ch
     for (int64_t c = 0; c < n / 8; c++) row[c] = load8(p + 8 * c * elem, dtype);
 }
 
-/* The sums of the lanes of v[0] to v[7], as one vector (lane i: v[i]'s). */
-static inline __m256 lane_sums8(const __m256 v[8]) {
-    const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
-    const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
-    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20),
-                         _mm256_permute2f128_ps(a, b, 0x31));
-}
-
 /* Lanes below ``count`` (at most 8) set. */
 static inline __m256i first_lanes(int64_t count) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)count),
@@ -456,9 +448,7 @@ static inline float exp_and_sum(float *scores, int64_t count, float maximum) {
         _mm256_maskstore_ps(scores + t, mask, e);
         total = _mm256_add_ps(total, e);
     }
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    return lane_sum8(total);
 }
 #else
 static inline void dot_rows(float *restrict scores, const float *restrict q, const char *rows,

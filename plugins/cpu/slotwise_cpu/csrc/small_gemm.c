@@ -381,12 +381,6 @@ static inline __attribute__((always_inline)) __m256 fma_step(Step w, Step x, __m
     return _mm256_fmadd_ps(w.hi, x.hi, _mm256_fmadd_ps(w.lo, x.lo, acc));
 }
 
-static inline float lane_sum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
 /* x . w over the elements the vector steps left, from ``j`` on. */
 static inline float tail_dot(const char *w, const char *x, int64_t j, int64_t k, int dtype) {
     float sum = 0.0f;
@@ -423,7 +417,7 @@ static inline __attribute__((always_inline)) void dot_row(const Problem *p, int6
             acc[i][0] = fma_step(w0, load_step(x[i] + s * STEP * elem, dtype), acc[i][0]);
     }
     for (int64_t i = 0; i < count; i++)
-        sums[0][first + i] = lane_sum(_mm256_add_ps(acc[i][0], acc[i][1])) +
+        sums[0][first + i] = lane_sum8(_mm256_add_ps(acc[i][0], acc[i][1])) +
                              tail_dot(w, x[i], steps * STEP, k, dtype);
 }
 
@@ -461,7 +455,7 @@ static inline __attribute__((always_inline)) void dot_block(const Problem *p, in
     for (int64_t r = 0; r < ROWS; r++)
         for (int64_t i = 0; i < count; i++)
             sums[r][first + i] =
-                lane_sum(acc[r][i]) + tail_dot(w[r], x[i], steps * STEP, k, dtype);
+                lane_sum8(acc[r][i]) + tail_dot(w[r], x[i], steps * STEP, k, dtype);
 }
 
 /* dot_row and dot_block with constant sizes and dtype, so that their accumulators live
