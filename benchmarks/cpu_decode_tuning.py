@@ -10,7 +10,8 @@ Two parts, each interleaved round by round, in one process:
    gives the kernel the rows ``max_kernel_rows`` allows and torch the rest), the
    small-GEMM kernel called bare (its time without the op's dispatch, at any rows), and
    oneDNN's and MKL's prepacked linears (which need the weights packed ahead of time: the
-   treatment Inductor's freezing gives constant weights).
+   treatment Inductor's freezing gives constant weights; oneDNN's only in the dtypes it
+   packs on this CPU, MKL's in float32).
 2. *Level-3 variants* of the ``small`` preset at batch 1: split at attention (as on a
    platform with static graphs) with slotwise's own piecewise backend and with the CPU
    plugin's (one-row products on the small-GEMM op); the CPU plugin's default, the model
