@@ -20,8 +20,8 @@ int slotwise_small_gemm(const void *x, int64_t x_stride, const void *weight, con
 /* The most rows of ``dtype`` it serves faster than torch's GEMM: none without AVX-512 or
  * AVX2; 16 with AVX2 alone; with AVX-512 16, but for bfloat16 16 only where the CPU has
  * AMX tiles (and the process may use them) or AVX512-BF16 without AMX, else 4
- * (small_gemm.c).  Inner sizes that are not
- * whole 32s, which no model here has, run its vector code at any rows. */
+ * (small_gemm.c).  Inner sizes that are not whole 32s, which no model here has, run its
+ * vector code at any rows. */
 int slotwise_small_gemm_rows(int dtype);
 
 /* Decode attention of one query token per request over its paged cache (paged_decode.c). */

@@ -35,10 +35,10 @@ int dtype_code(at::ScalarType dtype) {
 // kernel has only scalar code; with AVX2 alone, every dtype up to 16 rows (1.7x to 5.5x
 // torch's GEMM on AMD's Zen 3, one run); with AVX-512, in float32 and float16 up to its
 // limit of 16 rows (1.5x MKL in float32 at 8 and 16 rows, 1.1x to 1.2x oneDNN in float16
-// at 12 and 16); in bfloat16
-// up to 16 rows on AMX tiles and with AVX512-BF16 on a CPU without AMX (1.6x torch at 16
-// rows on AMD's Zen 4), else up to 4 (on an Intel CPU refused its tiles the vector code
-// is bound by arithmetic from there, where oneDNN ties at 8 and wins at 12).
+// at 12 and 16); in bfloat16 up to 16 rows on AMX tiles and with AVX512-BF16 on a CPU
+// without AMX (1.6x torch at 16 rows on AMD's Zen 4), else up to 4 (on an Intel CPU
+// refused its tiles the vector code is bound by arithmetic from there, where oneDNN ties
+// at 8 and wins at 12).
 int64_t max_kernel_rows(int code) { return code < 0 ? 0 : slotwise_small_gemm_rows(code); }
 
 at::Tensor linear(const at::Tensor &x, const at::Tensor &weight,

@@ -81,6 +81,37 @@ static inline void x_rows(const Problem *p, int64_t first, int64_t count, int64_
         x[i] = p->x + (first + (i < count ? i : 0)) * p->x_stride * elem;
 }
 
+/* The vector code's dot_block and dot_row with constant sizes and dtype, so that their
+ * accumulators live in registers: FUNCTION_DTYPE(p, row, first, count, sums) for counts
+ * of 1 to 4 rows of x (SPECIALISE), and a table of them indexed by dtype code,
+ * FUNCTION_for (DTYPE_TABLE). */
+typedef void (*DotFunction)(const Problem *, int64_t, int64_t, int64_t, float[ROWS][MAX_M]);
+#define SPECIALISE(FUNCTION, DTYPE)                                                       \
+    static void FUNCTION##_##DTYPE(const Problem *p, int64_t row, int64_t first,          \
+                                   int64_t count, float sums[ROWS][MAX_M]) {              \
+        switch (count) {                                                                  \
+        case 1: FUNCTION(p, row, first, 1, DTYPE, sums); break;                           \
+        case 2: FUNCTION(p, row, first, 2, DTYPE, sums); break;                           \
+        case 3: FUNCTION(p, row, first, 3, DTYPE, sums); break;                           \
+        default: FUNCTION(p, row, first, 4, DTYPE, sums); break;                          \
+        }                                                                                 \
+    }
+#define DTYPE_TABLE(FUNCTION)                                                             \
+    static const DotFunction FUNCTION##_for[3] = {                                        \
+        FUNCTION##_DTYPE_FLOAT32, FUNCTION##_DTYPE_BFLOAT16, FUNCTION##_DTYPE_FLOAT16};
+#define SPECIALISE_ALL(FUNCTION)                                                          \
+    SPECIALISE(FUNCTION, DTYPE_FLOAT32)                                                   \
+    SPECIALISE(FUNCTION, DTYPE_BFLOAT16)                                                  \
+    SPECIALISE(FUNCTION, DTYPE_FLOAT16)                                                   \
+    DTYPE_TABLE(FUNCTION)
+
+/* ``dot`` (a table of the above) against every row of x, ``per_call`` rows at a time. */
+static inline void dot_x_rows(const Problem *p, int64_t row, const DotFunction dot[3],
+                              int64_t per_call, float sums[ROWS][MAX_M]) {
+    for (int64_t first = 0; first < p->m; first += per_call)
+        dot[p->dtype](p, row, first, p->m - first < per_call ? p->m - first : per_call, sums);
+}
+
 #ifdef __AVX512F__
 /* 16 elements of ``dtype`` as float32, those outside ``mask`` zero. */
 static inline __m512 load16(const char *p, __mmask16 mask, int dtype) {
@@ -309,47 +340,18 @@ static inline __attribute__((always_inline)) void dot_row(const Problem *p, int6
 #undef ROW_DECLARE
 #undef ROW_ACCUMULATORS
 
-/* dot_block and dot_row with constant sizes and dtype, so their accumulators live in
- * registers: FUNCTION_DTYPE(p, row, first, count, sums), one table of them per function,
- * indexed by dtype code. */
-typedef void (*DotFunction)(const Problem *, int64_t, int64_t, int64_t, float[ROWS][MAX_M]);
-#define SPECIALISE(FUNCTION, DTYPE)                                                       \
-    static void FUNCTION##_##DTYPE(const Problem *p, int64_t row, int64_t first,          \
-                                   int64_t count, float sums[ROWS][MAX_M]) {              \
-        switch (count) {                                                                  \
-        case 1: FUNCTION(p, row, first, 1, DTYPE, sums); break;                           \
-        case 2: FUNCTION(p, row, first, 2, DTYPE, sums); break;                           \
-        case 3: FUNCTION(p, row, first, 3, DTYPE, sums); break;                           \
-        default: FUNCTION(p, row, first, 4, DTYPE, sums); break;                          \
-        }                                                                                 \
-    }
-#define SPECIALISE_ALL(FUNCTION)                                                          \
-    SPECIALISE(FUNCTION, DTYPE_FLOAT32)                                                   \
-    SPECIALISE(FUNCTION, DTYPE_BFLOAT16)                                                  \
-    SPECIALISE(FUNCTION, DTYPE_FLOAT16)                                                   \
-    static const DotFunction FUNCTION##_for[3] = {                                        \
-        FUNCTION##_DTYPE_FLOAT32, FUNCTION##_DTYPE_BFLOAT16, FUNCTION##_DTYPE_FLOAT16};
 SPECIALISE_ALL(dot_block_few)
 SPECIALISE_ALL(dot_block_many)
 SPECIALISE_ALL(dot_row)
-#undef SPECIALISE_ALL
-#undef SPECIALISE
-
-/* ``dot`` (a table above) against every row of x, four rows of x at a time. */
-static inline void dot_x_rows(const Problem *p, int64_t row, const DotFunction dot[3],
-                              float sums[ROWS][MAX_M]) {
-    for (int64_t first = 0; first < p->m; first += 4)
-        dot[p->dtype](p, row, first, p->m - first < 4 ? p->m - first : 4, sums);
-}
 
 /* sums[r][i] = x[i] . weight[row + r]: ROWS weight rows against every row of x. */
 static inline void dot_rows(const Problem *p, int64_t row, float sums[ROWS][MAX_M]) {
-    dot_x_rows(p, row, p->m > 4 ? dot_block_many_for : dot_block_few_for, sums);
+    dot_x_rows(p, row, p->m > 4 ? dot_block_many_for : dot_block_few_for, 4, sums);
 }
 
 /* sums[0][i] = x[i] . weight[row]: one weight row against every row of x. */
 static inline void dot_one_row(const Problem *p, int64_t row, float sums[ROWS][MAX_M]) {
-    dot_x_rows(p, row, dot_row_for, sums);
+    dot_x_rows(p, row, dot_row_for, 4, sums);
 }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 /* The AVX2 inner steps (AMD's Zen 2 and Zen 3, Intel before AVX-512): eight float32
@@ -458,20 +460,7 @@ static inline __attribute__((always_inline)) void dot_block(const Problem *p, in
                 lane_sum8(acc[r][i]) + tail_dot(w[r], x[i], steps * STEP, k, dtype);
 }
 
-/* dot_row and dot_block with constant sizes and dtype, so that their accumulators live
- * in registers: FUNCTION_DTYPE(p, row, first, count, sums), one table per function;
- * dot_row takes up to four rows of x a call, dot_block up to X_BLOCK. */
-typedef void (*DotFunction)(const Problem *, int64_t, int64_t, int64_t, float[ROWS][MAX_M]);
-#define SPECIALISE_ROW(DTYPE)                                                             \
-    static void dot_row_##DTYPE(const Problem *p, int64_t row, int64_t first, int64_t count, \
-                                float sums[ROWS][MAX_M]) {                                \
-        switch (count) {                                                                  \
-        case 1: dot_row(p, row, first, 1, DTYPE, sums); break;                            \
-        case 2: dot_row(p, row, first, 2, DTYPE, sums); break;                            \
-        case 3: dot_row(p, row, first, 3, DTYPE, sums); break;                            \
-        default: dot_row(p, row, first, 4, DTYPE, sums); break;                           \
-        }                                                                                 \
-    }
+/* dot_block for one row of x and for X_BLOCK (SPECIALISE's counts would overflow it). */
 #define SPECIALISE_BLOCK(DTYPE)                                                           \
     static void dot_block_##DTYPE(const Problem *p, int64_t row, int64_t first,           \
                                   int64_t count, float sums[ROWS][MAX_M]) {               \
@@ -480,25 +469,21 @@ typedef void (*DotFunction)(const Problem *, int64_t, int64_t, int64_t, float[RO
         else                                                                              \
             dot_block(p, row, first, X_BLOCK, DTYPE, sums);                               \
     }
-#define SPECIALISE_ALL(KIND, FUNCTION)                                                    \
-    KIND(DTYPE_FLOAT32) KIND(DTYPE_BFLOAT16) KIND(DTYPE_FLOAT16)                          \
-    static const DotFunction FUNCTION##_for[3] = {                                        \
-        FUNCTION##_DTYPE_FLOAT32, FUNCTION##_DTYPE_BFLOAT16, FUNCTION##_DTYPE_FLOAT16};
-SPECIALISE_ALL(SPECIALISE_ROW, dot_row)
-SPECIALISE_ALL(SPECIALISE_BLOCK, dot_block)
-#undef SPECIALISE_ALL
+SPECIALISE_BLOCK(DTYPE_FLOAT32)
+SPECIALISE_BLOCK(DTYPE_BFLOAT16)
+SPECIALISE_BLOCK(DTYPE_FLOAT16)
+DTYPE_TABLE(dot_block)
 #undef SPECIALISE_BLOCK
-#undef SPECIALISE_ROW
+SPECIALISE_ALL(dot_row)
 
+/* sums[r][i] = x[i] . weight[row + r]: ROWS weight rows against every row of x. */
 static inline void dot_rows(const Problem *p, int64_t row, float sums[ROWS][MAX_M]) {
-    for (int64_t first = 0; first < p->m; first += X_BLOCK)
-        dot_block_for[p->dtype](p, row, first, p->m - first < X_BLOCK ? p->m - first : X_BLOCK,
-                                sums);
+    dot_x_rows(p, row, dot_block_for, X_BLOCK, sums);
 }
 
+/* sums[0][i] = x[i] . weight[row]: one weight row against every row of x. */
 static inline void dot_one_row(const Problem *p, int64_t row, float sums[ROWS][MAX_M]) {
-    for (int64_t first = 0; first < p->m; first += 4)
-        dot_row_for[p->dtype](p, row, first, p->m - first < 4 ? p->m - first : 4, sums);
+    dot_x_rows(p, row, dot_row_for, 4, sums);
 }
 #else
 static inline void dot_rows(const Problem *p, int64_t row, float sums[ROWS][MAX_M]) {
@@ -509,6 +494,9 @@ static inline void dot_one_row(const Problem *p, int64_t row, float sums[ROWS][M
     dot_rows_scalar(p, row, 1, sums);
 }
 #endif
+#undef SPECIALISE_ALL
+#undef DTYPE_TABLE
+#undef SPECIALISE
 
 static inline void store_rows(const Problem *p, int64_t row, int64_t rows,
                               float sums[ROWS][MAX_M]) {
