@@ -76,6 +76,13 @@ static inline int64_t lane(int64_t d, int64_t n, int dtype) {
     return d;
 }
 
+/* 2^f for f in [-0.5, 0.5], as the vector exponentials (exp16, exp8) compute it: a
+ * degree-6 polynomial by Horner's rule, its leading coefficient and then each TERM. */
+#define EXP2_FIRST 1.5353362e-4f
+#define EXP2_TERMS(TERM)                                                                  \
+    TERM(1.3398874e-3f) TERM(9.6180370e-3f) TERM(5.5503406e-2f) TERM(2.4022652e-1f)       \
+    TERM(6.9314718e-1f) TERM(1.0f)
+
 /* The portable loops, which compilers vectorise: on a CPU without AVX-512 or AVX2, and
  * under AVX2 for the rows its loops do not take (see avx2_rows). */
 static inline void dot_rows_portable(float *restrict scores, const float *restrict q,
@@ -319,13 +326,10 @@ static inline __m512 exp16(__m512 x) {
     __m512 t = _mm512_mul_ps(x, log2e);
     __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 f = _mm512_sub_ps(t, n); /* in [-0.5, 0.5] */
-    __m512 p = _mm512_set1_ps(1.5353362e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3398874e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6180370e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5503406e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022652e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    __m512 p = _mm512_set1_ps(EXP2_FIRST);
+#define TERM(c) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+    EXP2_TERMS(TERM)
+#undef TERM
     return _mm512_scalef_ps(p, n);
 }
 
@@ -425,13 +429,10 @@ static inline __m256 exp8(__m256 x) {
     const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
     const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m256 f = _mm256_sub_ps(t, n); /* in [-0.5, 0.5] */
-    __m256 p = _mm256_set1_ps(1.5353362e-4f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3398874e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6180370e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5503406e-2f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022652e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    __m256 p = _mm256_set1_ps(EXP2_FIRST);
+#define TERM(c) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
+    EXP2_TERMS(TERM)
+#undef TERM
     const __m256i two_n =
         _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
