@@ -33,11 +33,12 @@
 enum { STATUS_OK = 0, STATUS_BAD_ARGUMENT = 1 };
 /* Most rows of x served in one pass over the weight; up to ONE_ROW_MAX_M rows (float32)
  * or ONE_ROW_MAX_M_HALF (bfloat16, float16: half the bytes per multiply-add), one weight
- * row at a time (dot_row, which prefetches ROW_PREFETCH_BYTES ahead), above ROWS weight
- * rows per inner step (dot_block), their weight prefetched PREFETCH_GROUPS such steps
- * ahead.  The limits are where dot_block caught up in the measurements of dot_row's
- * comment; with AVX2 alone, float32 blocks win from two rows (AMD EPYC, Zen 3, the
- * small preset's weights, two threads, two runs: 1.05x to 1.12x at 2 and 3 rows). */
+ * row at a time (dot_row, which prefetches ROW_PREFETCH_BYTES ahead, but for float32
+ * under AVX2), above ROWS weight rows per inner step (dot_block), their weight
+ * prefetched PREFETCH_GROUPS such steps ahead.  The limits are where dot_block caught up
+ * in the measurements of dot_row's comment; with AVX2 alone, float32 blocks win from two
+ * rows (AMD EPYC, Zen 3, the small preset's weights, two threads, two runs: 1.05x to
+ * 1.12x at 2 and 3 rows). */
 enum {
     MAX_M = 16,
 #ifdef __AVX512F__
@@ -391,8 +392,11 @@ static inline float tail_dot(const char *w, const char *x, int64_t j, int64_t k,
 }
 
 /* sums[0][first + i] = x[first + i] . weight[row] for i < count <= 4: one weight row
- * streamed front to back (see the AVX-512 dot_row for why one stream, prefetched ahead),
- * two accumulators per row of x so that two sums are in flight. */
+ * streamed front to back (see the AVX-512 dot_row for why one stream), two accumulators
+ * per row of x so that two sums are in flight.  bfloat16 and float16 rows are asked for
+ * ROW_PREFETCH_BYTES ahead; float32 rows are left to the hardware prefetcher, which
+ * streams them faster alone (AMD EPYC, Zen 3, one row of x, two threads, interleaved:
+ * 1.05x to 1.14x without the prefetches, while bfloat16 lost 0.78x without them). */
 static inline __attribute__((always_inline)) void dot_row(const Problem *p, int64_t row,
                                                           int64_t first, const int64_t count,
                                                           const int dtype,
@@ -405,8 +409,10 @@ static inline __attribute__((always_inline)) void dot_row(const Problem *p, int6
     int64_t s = 0;
     for (; s + 2 <= steps; s += 2) {
         const char *at = w + s * STEP * elem;
-        __builtin_prefetch(at + ROW_PREFETCH_BYTES, 0, 3);
-        __builtin_prefetch(at + ROW_PREFETCH_BYTES + 64, 0, 3);
+        if (dtype != DTYPE_FLOAT32) {
+            __builtin_prefetch(at + ROW_PREFETCH_BYTES, 0, 3);
+            __builtin_prefetch(at + ROW_PREFETCH_BYTES + 64, 0, 3);
+        }
         const Step w0 = load_step(at, dtype), w1 = load_step(at + STEP * elem, dtype);
         for (int64_t i = 0; i < count; i++) {
             acc[i][0] = fma_step(w0, load_step(x[i] + s * STEP * elem, dtype), acc[i][0]);
