@@ -392,11 +392,15 @@ static inline float tail_dot(const char *w, const char *x, int64_t j, int64_t k,
 }
 
 /* sums[0][first + i] = x[first + i] . weight[row] for i < count <= 4: one weight row
- * streamed front to back (see the AVX-512 dot_row for why one stream), two accumulators
- * per row of x so that two sums are in flight.  bfloat16 and float16 rows are asked for
- * ROW_PREFETCH_BYTES ahead; float32 rows are left to the hardware prefetcher, which
- * streams them faster alone (AMD EPYC, Zen 3, one row of x, two threads, interleaved:
- * 1.05x to 1.14x without the prefetches, while bfloat16 lost 0.78x without them). */
+ * streamed front to back (see the AVX-512 dot_row for why one stream).  Each row of x
+ * has four accumulators, one per vector of two steps, when it is one of one or two (two,
+ * each adding a whole step, for three or four, as the registers hold): with two, the
+ * latency of their chained multiply-adds set the pace of one row of bfloat16 (AMD EPYC,
+ * Zen 3, the small preset's weights, two threads, interleaved: four are 1.04x to 1.07x
+ * at one and two rows).  bfloat16 and float16 rows are asked for ROW_PREFETCH_BYTES
+ * ahead; float32 rows are left to the hardware prefetcher, which streams them faster
+ * alone (same host, one row of x: 1.05x to 1.14x without the prefetches, while bfloat16
+ * lost 0.78x without them). */
 static inline __attribute__((always_inline)) void dot_row(const Problem *p, int64_t row,
                                                           int64_t first, const int64_t count,
                                                           const int dtype,
@@ -404,8 +408,9 @@ static inline __attribute__((always_inline)) void dot_row(const Problem *p, int6
     const int64_t k = p->k, elem = dtype == DTYPE_FLOAT32 ? 4 : 2, steps = k / STEP;
     const char *w = p->weight + row * k * elem, *x[4];
     x_rows(p, first, count, elem, x);
-    __m256 acc[4][2];
-    for (int64_t i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    __m256 acc[4][4];
+    for (int64_t i = 0; i < 4; i++)
+        for (int64_t j = 0; j < 4; j++) acc[i][j] = _mm256_setzero_ps();
     int64_t s = 0;
     for (; s + 2 <= steps; s += 2) {
         const char *at = w + s * STEP * elem;
@@ -415,8 +420,17 @@ static inline __attribute__((always_inline)) void dot_row(const Problem *p, int6
         }
         const Step w0 = load_step(at, dtype), w1 = load_step(at + STEP * elem, dtype);
         for (int64_t i = 0; i < count; i++) {
-            acc[i][0] = fma_step(w0, load_step(x[i] + s * STEP * elem, dtype), acc[i][0]);
-            acc[i][1] = fma_step(w1, load_step(x[i] + (s + 1) * STEP * elem, dtype), acc[i][1]);
+            const Step x0 = load_step(x[i] + s * STEP * elem, dtype),
+                       x1 = load_step(x[i] + (s + 1) * STEP * elem, dtype);
+            if (count <= 2) {
+                acc[i][0] = _mm256_fmadd_ps(w0.lo, x0.lo, acc[i][0]);
+                acc[i][1] = _mm256_fmadd_ps(w0.hi, x0.hi, acc[i][1]);
+                acc[i][2] = _mm256_fmadd_ps(w1.lo, x1.lo, acc[i][2]);
+                acc[i][3] = _mm256_fmadd_ps(w1.hi, x1.hi, acc[i][3]);
+            } else {
+                acc[i][0] = fma_step(w0, x0, acc[i][0]);
+                acc[i][1] = fma_step(w1, x1, acc[i][1]);
+            }
         }
     }
     for (; s < steps; s++) {
@@ -425,7 +439,8 @@ static inline __attribute__((always_inline)) void dot_row(const Problem *p, int6
             acc[i][0] = fma_step(w0, load_step(x[i] + s * STEP * elem, dtype), acc[i][0]);
     }
     for (int64_t i = 0; i < count; i++)
-        sums[0][first + i] = lane_sum8(_mm256_add_ps(acc[i][0], acc[i][1])) +
+        sums[0][first + i] = lane_sum8(_mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]),
+                                                     _mm256_add_ps(acc[i][2], acc[i][3]))) +
                              tail_dot(w, x[i], steps * STEP, k, dtype);
 }
 
