@@ -385,7 +385,7 @@ static inline __m256i first_lanes(int64_t count) {
 
 /* The first ``count`` lanes of ``v`` stored at ``p``; masked only for fewer than eight,
  * as a masked store is slow on AMD's cores.  Unmasked where full, here and in
- * exp_and_sum: 1.03x to 1.10x per layer at 16 x 2,048 (Zen 3, interleaved). */
+ * exp_and_sum: 1.02x to 1.12x per layer at 16 x 2,048 (Zen 3, interleaved). */
 static inline void store_first(float *p, __m256 v, int64_t count) {
     if (count >= 8)
         _mm256_storeu_ps(p, v);
@@ -552,7 +552,7 @@ static inline int64_t find_tile(const Problem *p, const int32_t *blocks, int64_t
  * float32 on Zen 4.  The AMX path was measured on the Xeon only and keeps one tile ahead.
  * Under AVX2 (Zen 3, 8 layers' caches of 16 x 2,048 tokens, interleaved), the ungrouped
  * loops ask for bfloat16 rows row by row, by the first query head of each group: 1.06x
- * to 1.21x against the bursts; float32 rows lost 0.92x to 0.94x that way and keep them. */
+ * to 1.21x against the bursts; float32 rows lost 0.92x to 0.98x that way and keep them. */
 static inline __attribute__((always_inline)) void prefetch_tile(const Problem *p,
                                                                 const char *cache,
                                                                 const int32_t *blocks,

@@ -392,15 +392,15 @@ static inline float tail_dot(const char *w, const char *x, int64_t j, int64_t k,
 }
 
 /* sums[0][first + i] = x[first + i] . weight[row] for i < count <= 4: one weight row
- * streamed front to back (see the AVX-512 dot_row for why one stream).  Each row of x
- * has four accumulators, one per vector of two steps, when it is one of one or two (two,
- * each adding a whole step, for three or four, as the registers hold): with two, the
+ * streamed front to back (see the AVX-512 dot_row for why one stream).  For one or two
+ * rows of x, each has four accumulators, one per vector of the two steps a pass takes;
+ * for three or four, two, each adding a whole step, as the registers hold.  With two, the
  * latency of their chained multiply-adds set the pace of one row of bfloat16 (AMD EPYC,
- * Zen 3, the small preset's weights, two threads, interleaved: four are 1.04x to 1.07x
+ * Zen 3, the small preset's weights, two threads, interleaved: four are 1.03x to 1.07x
  * at one and two rows).  bfloat16 and float16 rows are asked for ROW_PREFETCH_BYTES
  * ahead; float32 rows are left to the hardware prefetcher, which streams them faster
- * alone (same host, one row of x: 1.05x to 1.14x without the prefetches, while bfloat16
- * lost 0.78x without them). */
+ * alone (same host, one row of x: 1.06x to 1.14x without the prefetches, while bfloat16
+ * lost 0.77x to 0.92x without them). */
 static inline __attribute__((always_inline)) void dot_row(const Problem *p, int64_t row,
                                                           int64_t first, const int64_t count,
                                                           const int dtype,
