@@ -59,10 +59,12 @@ BATCHES = {
 def build_case(lengths: list[int], dtype: Any, seed: int, layers: int) -> dict[str, Any]:
     import torch
 
+    from slotwise_cpu.attention import CpuSdpaBackend
+
     generator = torch.Generator().manual_seed(seed)
     width = max(math.ceil(n / BLOCK_SIZE) for n in lengths)
     num_blocks = sum(math.ceil(n / BLOCK_SIZE) for n in lengths) + 1
-    shape = (num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_SIZE)
+    shape = CpuSdpaBackend.get_kv_cache_shape(num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_SIZE)
     # Each request's blocks drawn at random from the cache; rows padded with block 0.
     order = torch.randperm(num_blocks - 1, generator=generator) + 1
     table = torch.zeros(len(lengths), width, dtype=torch.int32)
@@ -72,9 +74,7 @@ def build_case(lengths: list[int], dtype: Any, seed: int, layers: int) -> dict[s
         table[r, :count] = order[taken : taken + count]
         taken += count
     return {
-        "kv_caches": [
-            torch.randn((2, *shape), generator=generator).to(dtype) for _ in range(layers)
-        ],
+        "kv_caches": [torch.randn(shape, generator=generator).to(dtype) for _ in range(layers)],
         "table": table,
         "lengths": torch.tensor(lengths, dtype=torch.int32),
         "q": torch.randn(len(lengths), HEADS, HEAD_SIZE, generator=generator).to(dtype),

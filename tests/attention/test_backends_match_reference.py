@@ -40,6 +40,10 @@ BLOCK_SIZES = (8, 16)
 NUM_KV_HEADS = 2
 PADDING = 2
 
+#: Backends whose blocks are head-major, [2, blocks, kv heads, block size, D]; the others
+#: keep the core's default shape, [2, blocks, block size, kv heads, D].
+HEAD_MAJOR = (CpuSdpaBackend,)
+
 FULL_MATRIX = list(itertools.product(SCENARIOS, HEAD_SIZES, GQA_RATIOS, BLOCK_SIZES))
 KERNELS_MODULE = "slotwise_cuda.kernels.attention"
 
@@ -106,13 +110,18 @@ def run_case(
     scratch_block = num_blocks  # one more block, for the static layout's padding requests
     num_blocks += 1
     shape = backend.get_kv_cache_shape(num_blocks, block_size, NUM_KV_HEADS, head_size)
-    assert shape == (2, num_blocks, block_size, NUM_KV_HEADS, head_size)
+    if backend in HEAD_MAJOR:
+        assert shape == (2, num_blocks, NUM_KV_HEADS, block_size, head_size)
+    else:
+        assert shape == (2, num_blocks, block_size, NUM_KV_HEADS, head_size)
     kv_cache = torch.zeros(shape, dtype=dtype, device=device)
+    # [2, blocks, block size, kv heads, D] whichever the layout
+    tokens = kv_cache.transpose(2, 3) if backend in HEAD_MAJOR else kv_cache
     for r, (_, context_len) in enumerate(requests):
         for pos in range(context_len):
             block, offset = cache_position(step, r, pos, block_size)
-            kv_cache[0, block, offset] = step.keys[r][pos]
-            kv_cache[1, block, offset] = step.values[r][pos]
+            tokens[0, block, offset] = step.keys[r][pos]
+            tokens[1, block, offset] = step.values[r][pos]
 
     layer = Attention(
         num_heads,
@@ -174,8 +183,8 @@ def run_case(
         used[step.block_ids[r]] = True
         for pos in range(query_len + context_len):
             block, offset = cache_position(step, r, pos, block_size)
-            cached_key = kv_cache[0, block, offset].cpu()
-            cached_value = kv_cache[1, block, offset].cpu()
+            cached_key = tokens[0, block, offset].cpu()
+            cached_value = tokens[1, block, offset].cpu()
             assert torch.equal(cached_key, step.keys[r][pos].to(dtype)), (r, pos)
             assert torch.equal(cached_value, step.values[r][pos].to(dtype)), (r, pos)
     assert not kv_cache[:, ~used.to(device)].any(), "spare blocks were written"

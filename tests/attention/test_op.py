@@ -182,7 +182,8 @@ def test_allocate_kv_caches_uses_the_backend_shape_and_binds_each_layer():
     assert set(caches) == {attn.layer_name for attn in model.attn}
     for attn in model.attn:
         assert attn.kv_cache is caches[attn.layer_name]
-        assert attn.kv_cache.shape == (2, 5, BLOCK_SIZE, KV_HEADS, HEAD_SIZE)
+        assert attn.attn_backend is CpuSdpaBackend  # whose blocks are head-major
+        assert attn.kv_cache.shape == (2, 5, KV_HEADS, BLOCK_SIZE, HEAD_SIZE)
         assert attn.kv_cache.dtype == torch.bfloat16
     with pytest.raises(ValueError, match="no slotwise Attention"):
         allocate_kv_caches(torch.nn.Linear(2, 2), num_blocks=5)

@@ -171,9 +171,16 @@ def test_current_platform_picks_cpu_sdpa_here():
     assert select_attention_backend(get_current_platform(), head_size=64) is CpuSdpaBackend
 
 
-@pytest.mark.parametrize("cls", [CpuSdpaBackend, TritonPagedBackend, AscendStubReferenceBackend])
-def test_bundled_backends_share_the_cache_layout(cls):
-    assert cls.get_kv_cache_shape(10, 16, 2, 64) == (2, 10, 16, 2, 64)
+@pytest.mark.parametrize(
+    "cls, shape",
+    [
+        (CpuSdpaBackend, (2, 10, 2, 16, 64)),  # head-major blocks, for the C kernel
+        (TritonPagedBackend, (2, 10, 16, 2, 64)),  # the core's default
+        (AscendStubReferenceBackend, (2, 10, 16, 2, 64)),
+    ],
+)
+def test_bundled_backends_declare_their_cache_layouts(cls, shape):
+    assert cls.get_kv_cache_shape(10, 16, 2, 64) == shape
     assert cls.validate(head_size=128, dtype=torch.float16, block_size=16) == []
     assert cls.validate(dtype=torch.float64) == [
         f"dtype torch.float64 not in ({', '.join(map(str, cls.supported_dtypes))})"

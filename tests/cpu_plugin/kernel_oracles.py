@@ -22,8 +22,9 @@ def within_output_rounding(
 
 
 def paged_cache(num_blocks, block_size, kv_heads, head_size, dtype, generator):
-    """A layer's KV cache as allocated: [2 (keys, values), blocks, block size, heads, D]."""
-    shape = (2, num_blocks, block_size, kv_heads, head_size)
+    """A layer's KV cache as CPU_SDPA allocates it: [2 (keys, values), blocks, heads, block
+    size, D]."""
+    shape = (2, num_blocks, kv_heads, block_size, head_size)
     return torch.randn(shape, generator=generator).to(dtype)
 
 
@@ -35,15 +36,16 @@ def shuffled_block_table(lengths, block_size, num_blocks, generator, spare=2):
 
 
 def float64_reference(q, keys, values, block_table, lengths, scale):
-    """Softmax attention of each one-token query over its request's tokens, in float64."""
+    """Softmax attention of each one-token query over its request's tokens, in float64;
+    ``keys`` and ``values`` [blocks, heads, block size, D], of any strides."""
     _, heads, head_size = q.shape
-    block_size, kv_heads = keys.shape[1], keys.shape[2]
+    kv_heads, block_size = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
     out = []
     for r, length in enumerate(lengths):
         blocks = block_table[r, : math.ceil(length / block_size)].long()
-        k = keys[blocks].reshape(-1, kv_heads, head_size)[:length].double()
-        v = values[blocks].reshape(-1, kv_heads, head_size)[:length].double()
+        k = keys[blocks].transpose(1, 2).reshape(-1, kv_heads, head_size)[:length].double()
+        v = values[blocks].transpose(1, 2).reshape(-1, kv_heads, head_size)[:length].double()
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,thd->ht", q[r].double() * scale, k)
         out.append(torch.einsum("ht,thd->hd", scores.softmax(-1), v))

@@ -40,13 +40,13 @@ if linear.runs_kernel(torch.bfloat16):  # built, and the CPU has the kernel's ve
 else:
     assert torch.equal(product, torch.nn.functional.linear(x, weight))
 impl = CpuSdpaImpl(4, 16, 0.25, 2)
-kv_cache = torch.randn(2, 4, 16, 2, 16)
+kv_cache = torch.randn(2, 4, 2, 16, 16)  # head-major blocks
 metadata = AttentionMetadataBuilder(16).build([1], [20], [[2, 0]])
 q, k, v = torch.randn(1, 4, 16), torch.randn(1, 2, 16), torch.randn(1, 2, 16)
 out = torch.empty_like(q)
 impl.forward(None, q, k, v, kv_cache, metadata, out)
-keys = kv_cache[0][[2, 0]].reshape(32, 2, 16)[:21].repeat_interleave(2, 1).transpose(0, 1)
-values = kv_cache[1][[2, 0]].reshape(32, 2, 16)[:21].repeat_interleave(2, 1).transpose(0, 1)
+tokens = kv_cache[:, [2, 0]].transpose(2, 3).reshape(2, 32, 2, 16)[:, :21]  # [2, 21, 2, 16]
+keys, values = tokens.repeat_interleave(2, 2).transpose(1, 2).unbind(0)
 expected = torch.nn.functional.scaled_dot_product_attention(
     q.transpose(0, 1)[:, :, None], keys[:, None], values[:, None], scale=0.25)[:, :, 0]
 torch.testing.assert_close(out, expected.transpose(0, 1))

@@ -72,7 +72,7 @@ def kernels(request, tmp_path_factory) -> Build:
         *[ctypes.c_int64] * 4, ctypes.c_int, ctypes.c_int,
     ]  # fmt: skip
     loaded.slotwise_paged_decode.argtypes = [
-        ctypes.c_void_p, *[ctypes.c_int64] * 2, *[ctypes.c_void_p] * 2, ctypes.c_int64,
+        ctypes.c_void_p, *[ctypes.c_int64] * 2, *[ctypes.c_void_p] * 2, *[ctypes.c_int64] * 4,
         ctypes.c_void_p, *[ctypes.c_int64] * 2, *[ctypes.c_void_p] * 2,
         *[ctypes.c_int64] * 7, ctypes.c_float, ctypes.c_int, ctypes.c_int,
         ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
@@ -117,12 +117,17 @@ def test_each_level_multiplies_to_float32_rounding(kernels, dtype, shape):
 @pytest.mark.parametrize(
     "layout", [(8, 4, 64, 16), (16, 4, 128, 16), (4, 2, 96, 32), (4, 2, 256, 16), (3, 3, 20, 5)]
 )
-def test_each_level_attends_to_float32_rounding(kernels, dtype, layout):
+@pytest.mark.parametrize("order", ["heads-first", "tokens-first"])
+def test_each_level_attends_to_float32_rounding(kernels, dtype, layout, order):
+    """Blocks as CPU_SDPA lays them out (each head's tokens together) and as the core's
+    default shape does (each token's heads together): the kernel reads the strides."""
     heads, kv_heads, head_size, block_size = layout
     lengths = [1, 17, 513, 1200]  # one token, a partial tile, past a 512-token partition
     generator = torch.Generator().manual_seed(heads * head_size + block_size)
     num_blocks = 3 * math.ceil(max(lengths) / block_size) + 8
     kv_cache = paged_cache(num_blocks, block_size, kv_heads, head_size, dtype, generator)
+    if order == "tokens-first":  # the same values, stored [2, blocks, block size, heads, D]
+        kv_cache = kv_cache.transpose(2, 3).contiguous().transpose(2, 3)
     table = shuffled_block_table(lengths, block_size, num_blocks, generator)
     q = torch.randn(len(lengths), heads, head_size, generator=generator).to(dtype)
     out = torch.empty_like(q)
@@ -130,6 +135,7 @@ def test_each_level_attends_to_float32_rounding(kernels, dtype, layout):
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
     status = kernels.library.slotwise_paged_decode(
         q.data_ptr(), q.stride(0), q.stride(1), keys.data_ptr(), values.data_ptr(), num_blocks,
+        keys.stride(0), keys.stride(2), keys.stride(1),
         table.data_ptr(), table.stride(0), table.shape[1], seq_lens.data_ptr(), out.data_ptr(),
         out.stride(0), out.stride(1), len(lengths), heads, kv_heads, head_size, block_size,
         0.37, linear.KERNEL_DTYPES[dtype], 2, None, 0, None, 0, None, 0,

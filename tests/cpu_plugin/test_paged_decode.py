@@ -20,7 +20,7 @@ from kernel_oracles import (
     shuffled_block_table,
 )
 
-from slotwise.attention import AttentionMetadataBuilder, write_to_kv_cache
+from slotwise.attention import AttentionMetadataBuilder
 from slotwise_cpu import paged_decode
 from slotwise_cpu.attention import CpuSdpaImpl
 from slotwise_cpu.paged_decode import paged_decode_op
@@ -79,14 +79,18 @@ def test_queries_may_be_rows_of_a_wider_tensor(kernel):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_the_new_tokens_are_stored_before_they_are_attended_to(kernel, dtype):
     generator = torch.Generator().manual_seed(2)
-    kv_cache = torch.zeros(2, 12, 16, 2, 32, dtype=dtype)
+    kv_cache = torch.zeros(2, 12, 2, 16, 32, dtype=dtype)
     builder = AttentionMetadataBuilder(16)
     metadata = builder.build([1, 1], [20, 40], [[3, 7], [1, 9, 4]])
     k, v = (torch.randn(2, 2, 32, generator=generator).to(dtype) for _ in range(2))
     stale = torch.randn(kv_cache.shape, generator=generator).to(dtype)
     kv_cache.copy_(stale)
     expected_cache = stale.clone()
-    write_to_kv_cache(k, v, expected_cache, metadata.slot_mapping)
+    # Token 20 of request 0 in its second block (7), token 40 of request 1 in its third (4).
+    assert metadata.slot_mapping.tolist() == [7 * 16 + 4, 4 * 16 + 8]
+    for i, (block, offset) in enumerate([(7, 4), (4, 8)]):
+        expected_cache[0, block, :, offset] = k[i]
+        expected_cache[1, block, :, offset] = v[i]
     q = torch.randn(2, 4, 32, generator=generator).to(dtype)
     out = torch.empty_like(q)
     paged_decode_op(q, kv_cache, metadata.block_table, metadata.seq_lens, out, 0.2,
@@ -108,7 +112,7 @@ def test_the_new_tokens_are_stored_before_they_are_attended_to(kernel, dtype):
     ],
 )
 def test_out_of_range_ids_are_refused_not_read(kernel, change, message):
-    kv_cache = torch.zeros(2, 4, 16, 1, 8)
+    kv_cache = torch.zeros(2, 4, 1, 16, 8)
     table = torch.tensor([[0, 1]], dtype=torch.int32)
     lengths = torch.tensor([20], dtype=torch.int32)
     new_kv = ()
@@ -126,7 +130,7 @@ def test_out_of_range_ids_are_refused_not_read(kernel, change, message):
 
 
 def test_layouts_the_kernel_cannot_read_are_refused(kernel):
-    kv_cache = torch.zeros(2, 4, 16, 1, 8)
+    kv_cache = torch.zeros(2, 4, 1, 16, 8)
     table = torch.tensor([[0, 1]], dtype=torch.int32)
     lengths = torch.tensor([20], dtype=torch.int32)
     heads_last = torch.zeros(1, 8, 2).transpose(1, 2)  # [1, 2, 8], heads not contiguous
@@ -143,13 +147,13 @@ def test_caches_and_head_sizes_the_kernel_cannot_read_are_refused(kernel):
     table = torch.tensor([[0, 1]], dtype=torch.int32)
     lengths = torch.tensor([20], dtype=torch.int32)
     q = out = torch.zeros(1, 2, 8)
-    heads_first = torch.zeros(2, 4, 2, 16, 8).transpose(2, 3)  # [2, 4, 16, 2, 8], strided
+    tokens_first = torch.zeros(2, 4, 16, 2, 8).transpose(2, 3)  # [2, 4, 2, 16, 8], strided
     with pytest.raises(ValueError, match="contiguous CPU KV cache"):
-        paged_decode_op(q, heads_first, table, lengths, out, 1.0)
-    halves = torch.zeros(4, 16, 2, 8)  # one half of a cache, not keys and values
+        paged_decode_op(q, tokens_first, table, lengths, out, 1.0)
+    halves = torch.zeros(4, 2, 16, 8)  # one half of a cache, not keys and values
     with pytest.raises(ValueError, match="contiguous CPU KV cache"):
         paged_decode_op(q, halves, table, lengths, out, 1.0)
-    wider = torch.zeros(2, 4, 16, 2, 16)  # head size 16 against the query's 8
+    wider = torch.zeros(2, 4, 2, 16, 16)  # head size 16 against the query's 8
     with pytest.raises(ValueError, match="head size"):
         paged_decode_op(q, wider, table, lengths, out, 1.0)
 
@@ -161,9 +165,9 @@ def test_a_layer_checks_each_new_cache_it_is_given(kernel):
     metadata = AttentionMetadataBuilder(16).build([1], [19], [[0, 1]])
     q, out = torch.randn(1, 2, 8), torch.empty(1, 2, 8)
     k = v = torch.randn(1, 2, 8)
-    impl.forward(None, q, k, v, torch.zeros(2, 4, 16, 2, 8), metadata, out)
+    impl.forward(None, q, k, v, torch.zeros(2, 4, 2, 16, 8), metadata, out)
     assert torch.isfinite(out).all()
-    bad = torch.zeros(2, 4, 2, 16, 8).transpose(2, 3)  # same shape, not contiguous
+    bad = torch.zeros(2, 4, 16, 2, 8).transpose(2, 3)  # same shape, not contiguous
     with pytest.raises(ValueError, match="contiguous CPU KV cache"):
         impl.forward(None, q, k, v, bad, metadata, out)
 
@@ -177,7 +181,7 @@ def test_the_cpu_backend_decodes_through_the_kernel(kernel, dtype, query_lens):
     generator = torch.Generator().manual_seed(3)
     heads, kv_heads, head_size, block_size = 8, 2, 64, 16
     impl = CpuSdpaImpl(heads, head_size, 0.125, kv_heads)
-    kv_cache = torch.randn(2, 40, block_size, kv_heads, head_size, generator=generator).to(dtype)
+    kv_cache = torch.randn(2, 40, kv_heads, block_size, head_size, generator=generator).to(dtype)
     contexts = [300, 5, 47]
     metadata = AttentionMetadataBuilder(block_size).build(
         query_lens, contexts, [list(range(0, 19)), [19], [20, 21, 22, 23]]

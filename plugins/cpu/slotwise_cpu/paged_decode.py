@@ -14,11 +14,11 @@ Python stand-in loads it and calls the op again; where it cannot be built, the s
 raises, and ``CPU_SDPA`` (which asks ``available()`` first) gathers instead.
 
 Arguments: q, out [num_seqs, num_heads, head_size] (rows may be strided, heads
-contiguous); kv_cache [2, num_blocks, block_size, num_kv_heads, head_size], keys then
-values, contiguous (the layer's cache as allocated); block_table int32 [num_seqs, >= blocks
-needed]; seq_lens int32 [num_seqs], the tokens each query attends to, its own included;
-optionally the new keys and values [num_new, num_kv_heads, head_size] with their int64
-slot_mapping [num_new], stored first.
+contiguous); kv_cache [2, num_blocks, num_kv_heads, block_size, head_size], keys then
+values, contiguous (the layer's cache as ``CPU_SDPA`` allocates it: head-major blocks);
+block_table int32 [num_seqs, >= blocks needed]; seq_lens int32 [num_seqs], the tokens
+each query attends to, its own included; optionally the new keys and values [num_new,
+num_kv_heads, head_size] with their int64 slot_mapping [num_new], stored first.
 """
 
 from __future__ import annotations

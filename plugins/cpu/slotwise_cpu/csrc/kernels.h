@@ -24,9 +24,12 @@ int slotwise_small_gemm(const void *x, int64_t x_stride, const void *weight, con
  * vector code at any rows. */
 int slotwise_small_gemm_rows(int dtype);
 
-/* Decode attention of one query token per request over its paged cache (paged_decode.c). */
+/* Decode attention of one query token per request over its paged cache (paged_decode.c);
+ * the caches' strides, in elements, are those of their blocks, of a block's tokens and of
+ * a token's heads (each head's elements contiguous). */
 int slotwise_paged_decode(const void *q, int64_t q_stride_seq, int64_t q_stride_head,
                           void *key_cache, void *value_cache, int64_t num_blocks,
+                          int64_t block_stride, int64_t token_stride, int64_t head_stride,
                           const int32_t *block_table, int64_t table_stride,
                           int64_t table_width, const int32_t *seq_lens, void *out,
                           int64_t out_stride_seq, int64_t out_stride_head, int64_t num_seqs,

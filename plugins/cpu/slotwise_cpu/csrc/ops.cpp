@@ -78,8 +78,8 @@ void check_layouts(const at::Tensor &q, const at::Tensor &kv_cache, const at::Te
     TORCH_CHECK_VALUE(
         dtype_code(kv_cache.scalar_type()) >= 0 && kv_cache.dim() == 5 && kv_cache.size(0) == 2 &&
             kv_cache.is_contiguous() && kv_cache.device().is_cpu(),
-        "paged_decode: needs a contiguous CPU KV cache [2, num_blocks, block_size, "
-        "num_kv_heads, head_size] (keys, then values) of float32, bfloat16 or float16; got ",
+        "paged_decode: needs a contiguous CPU KV cache [2, num_blocks, num_kv_heads, "
+        "block_size, head_size] (keys, then values) of float32, bfloat16 or float16; got ",
         kv_cache.scalar_type(), " ", kv_cache.sizes(), " strides ", kv_cache.strides());
     const int64_t head_size = q.dim() == 3 ? q.size(2) : -1;
     const bool with_new = new_keys.has_value() || new_values.has_value() ||
@@ -97,7 +97,7 @@ void check_layouts(const at::Tensor &q, const at::Tensor &kv_cache, const at::Te
         ok = new_keys.has_value() && new_values.has_value() && slot_mapping.has_value();
         if (ok) {
             const at::Tensor &keys = *new_keys, &values = *new_values, &slots = *slot_mapping;
-            const int64_t kv_heads = kv_cache.size(3);
+            const int64_t kv_heads = kv_cache.size(2);
             ok = keys.scalar_type() == q.scalar_type() &&
                  values.scalar_type() == q.scalar_type() && heads_contiguous(keys, head_size) &&
                  heads_contiguous(values, head_size) && keys.size(1) == kv_heads &&
@@ -140,9 +140,10 @@ void paged_decode(const at::Tensor &q, const at::Tensor &kv_cache, const at::Ten
     char *values = keys + kv_cache.numel() / 2 * kv_cache.element_size();
     const int status = slotwise_paged_decode(
         q.data_ptr(), q.stride(0), q.stride(1), keys, values, kv_cache.size(1),
+        kv_cache.stride(1), kv_cache.stride(3), kv_cache.stride(2),
         block_table.data_ptr<int32_t>(), block_table.stride(0), block_table.size(1),
         seq_lens.data_ptr<int32_t>(), out.data_ptr(), out.stride(0), out.stride(1), q.size(0),
-        q.size(1), kv_cache.size(3), q.size(2), kv_cache.size(2), static_cast<float>(scale),
+        q.size(1), kv_cache.size(2), q.size(2), kv_cache.size(3), static_cast<float>(scale),
         dtype_code(q.scalar_type()), at::get_num_threads(),
         with_new ? new_keys->data_ptr() : nullptr, with_new ? new_keys->stride(0) : 0,
         with_new ? new_values->data_ptr() : nullptr, with_new ? new_values->stride(0) : 0,

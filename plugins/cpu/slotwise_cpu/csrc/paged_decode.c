@@ -5,18 +5,22 @@
  * values are computed in float32 whatever the cache's dtype.
  *
  * Each request's tokens are cut into partitions of PARTITION tokens; a work item is one
- * partition of one request, all heads at once, so it reads its blocks front to back
- * (each token's keys of every head lie together).  Items run on OpenMP threads; a long
- * request thus spreads over every thread even at batch 1.  An item first scores all its
+ * partition of one request, all heads at once, a block's heads one after the other, so
+ * with CPU_SDPA's head-major blocks (each head's rows together) it reads its blocks front
+ * to back.  Items run on OpenMP threads; a long request thus spreads over every thread
+ * even at batch 1.  An item first scores all its
  * tokens against every query head (reading only keys), takes the softmax of those
  * scores, then sums the values weighted by it (reading only values): each pass reads one
  * stream of memory rather than keys and values in turn (see attend_partition).  It keeps,
  * per query head, the maximum of its scores, the sum of their exponentials and the
  * weighted sum of values; a last pass merges the partitions of each request.
  *
- * Layouts (element strides are passed for q and out; the rest is contiguous):
+ * Layouts (element strides are passed for q, out and the caches; the rest is contiguous):
  *   q            [num_seqs, num_heads, head_size]
- *   key_cache    [num_blocks, block_size, num_kv_heads, head_size]  (value_cache alike)
+ *   key_cache    blocks of block_size tokens of num_kv_heads heads of head_size elements,
+ *                each head's elements contiguous, the other three strides free: CPU_SDPA
+ *                passes [num_blocks, num_kv_heads, block_size, head_size] (value_cache
+ *                alike)
  *   block_table  int32 [num_seqs, table_stride], of which table_width columns are valid
  *   seq_lens     int32 [num_seqs]: tokens to attend to, the new one included
  *   out          [num_seqs, num_heads, head_size], the dtype of q
@@ -510,6 +514,9 @@ typedef struct {
     char *out;
     int64_t q_stride_seq, q_stride_head, table_stride, table_width, out_stride_seq,
         out_stride_head, num_blocks, num_heads, num_kv_heads, head_size, block_size, elem;
+    /* Bytes between the caches' blocks, a block's tokens and a token's heads (see the
+     * layouts at the top). */
+    int64_t block_bytes, token_bytes, head_bytes;
     float scale;
     int dtype, amx; /* amx: bfloat16 keys scored on AMX tiles (see amx_scores) */
 } Problem;
@@ -518,14 +525,14 @@ typedef struct {
  * the block that holds ``start`` and before ``end``.  Returns the byte offset of its first
  * row in the key (and value) cache, or -1 for a block id outside the cache. */
 static inline int64_t find_tile(const Problem *p, const int32_t *blocks, int64_t start,
-                                int64_t end, int64_t token_bytes, int64_t *count) {
+                                int64_t end, int64_t *count) {
     const int64_t offset = start % p->block_size;
     *count = p->block_size - offset;
     if (*count > TILE) *count = TILE;
     if (*count > end - start) *count = end - start;
     const int64_t block = blocks[start / p->block_size];
     if (block < 0 || block >= p->num_blocks) return -1;
-    return (block * p->block_size + offset) * token_bytes;
+    return block * p->block_bytes + offset * p->token_bytes;
 }
 
 /* Asks for the rows of ``cache`` (keys or values) of the tile that starts at token
@@ -557,13 +564,15 @@ static inline __attribute__((always_inline)) void prefetch_tile(const Problem *p
                                                                 const char *cache,
                                                                 const int32_t *blocks,
                                                                 int64_t next, int64_t end,
-                                                                int64_t token_bytes,
                                                                 const int to_l2) {
     if (next >= end) return;
     int64_t count;
-    const int64_t first = find_tile(p, blocks, next, end, token_bytes, &count);
+    const int64_t first = find_tile(p, blocks, next, end, &count);
     if (first < 0) return;
-    for (int64_t byte = 0; byte < count * token_bytes; byte += 64) {
+    /* From the tile's first row to its last head's last row. */
+    const int64_t span = (count - 1) * p->token_bytes + (p->num_kv_heads - 1) * p->head_bytes +
+                         p->head_size * p->elem;
+    for (int64_t byte = 0; byte < span; byte += 64) {
         if (to_l2) /* prefetcht2: not into L1, where the two tiles in use live */
             __builtin_prefetch(cache + first + byte, 0, 1);
         else
@@ -575,10 +584,10 @@ static inline __attribute__((always_inline)) void prefetch_tile(const Problem *p
  * holds ``count`` tokens, as the current one; else NULL (prefetch_tile then serves it). */
 static inline const char *next_tile_rows(const Problem *p, const char *cache,
                                          const int32_t *blocks, int64_t next, int64_t end,
-                                         int64_t token_bytes, int64_t count) {
+                                         int64_t count) {
     if (next >= end) return NULL;
     int64_t next_count;
-    const int64_t first = find_tile(p, blocks, next, end, token_bytes, &next_count);
+    const int64_t first = find_tile(p, blocks, next, end, &next_count);
     return first < 0 || next_count != count ? NULL : cache + first;
 }
 
@@ -591,18 +600,16 @@ static inline const char *next_tile_rows(const Problem *p, const char *cache,
  * Returns the next tile's first row or NULL. */
 static inline __attribute__((always_inline)) const char *prefetch_ahead(
     const Problem *p, const char *cache, const int32_t *blocks, int64_t start, int64_t count,
-    int64_t end, int64_t token_bytes, const int row_by_row, const int amx,
-    const char **after) {
+    int64_t end, const int ahead, const int row_by_row, const int amx, const char **after) {
+    *after = NULL;
+    if (!ahead) return NULL;
     const int64_t next_start = start + count, after_start = start + 2 * count;
     const char *next =
-        row_by_row ? next_tile_rows(p, cache, blocks, next_start, end, token_bytes, count)
-                   : NULL;
-    *after = row_by_row && !amx
-                 ? next_tile_rows(p, cache, blocks, after_start, end, token_bytes, count)
-                 : NULL;
-    if (next == NULL) prefetch_tile(p, cache, blocks, next_start, end, token_bytes, 0);
+        row_by_row ? next_tile_rows(p, cache, blocks, next_start, end, count) : NULL;
+    if (row_by_row && !amx) *after = next_tile_rows(p, cache, blocks, after_start, end, count);
+    if (next == NULL) prefetch_tile(p, cache, blocks, next_start, end, 0);
     if (!amx && *after == NULL) /* whole (or part of it, when the next one is shorter) */
-        prefetch_tile(p, cache, blocks, after_start, end, token_bytes, 1);
+        prefetch_tile(p, cache, blocks, after_start, end, 1);
     return next;
 }
 
@@ -662,11 +669,11 @@ static inline __attribute__((always_inline)) void amx_scores(const Problem *p, f
                                                              float *products, const char *keys,
                                                              int64_t count, int64_t stride,
                                                              const int64_t D) {
-    const int64_t H = p->num_heads, KV = p->num_kv_heads, group = H / KV, head_bytes = D * 2;
+    const int64_t H = p->num_heads, KV = p->num_kv_heads, group = H / KV;
     for (int64_t g = 0; g < KV; g += 2) { /* two score tiles in flight */
-        KEY_SCORES(0, keys + g * head_bytes, stride, products + g * TILE * H, D);
+        KEY_SCORES(0, keys + g * p->head_bytes, stride, products + g * TILE * H, D);
         if (g + 1 < KV)
-            KEY_SCORES(1, keys + (g + 1) * head_bytes, stride,
+            KEY_SCORES(1, keys + (g + 1) * p->head_bytes, stride,
                        products + (g + 1) * TILE * H, D);
     }
     for (int64_t h = 0; h < H; h++) {
@@ -722,20 +729,22 @@ static inline __attribute__((always_inline)) int attend_partition(
         memset(acc + h * D, 0, (size_t)D * sizeof(float));
     }
     const int32_t *blocks = p->block_table + seq * p->table_stride;
-    const int64_t token_bytes = p->num_kv_heads * D * elem;
+    const int64_t token_bytes = p->token_bytes, head_bytes = p->head_bytes;
 #ifdef AVX2_LOOPS /* see prefetch_ahead */
+    const int ahead = dtype != DTYPE_FLOAT32;
     const int row_by_row = G > 0 || (dtype != DTYPE_FLOAT32 && avx2_rows(D));
 #else
+    const int ahead = 1;
     const int row_by_row = G > 0 && !amx;
 #endif
     for (int64_t start = begin; start < end;) { /* pass 1: scores[h][start - begin + t] */
         int64_t count;
-        const int64_t first = find_tile(p, blocks, start, end, token_bytes, &count);
+        const int64_t first = find_tile(p, blocks, start, end, &count);
         if (first < 0) return STATUS_BAD_BLOCK;
         const char *keys = p->key_cache + first;
         const char *after;
-        const char *next = prefetch_ahead(p, p->key_cache, blocks, start, count, end,
-                                          token_bytes, row_by_row, amx, &after);
+        const char *next = prefetch_ahead(p, p->key_cache, blocks, start, count, end, ahead,
+                                          row_by_row, amx, &after);
         float *tile_scores = scores + (start - begin);
 #ifdef HAVE_AMX
         if (amx)
@@ -746,9 +755,9 @@ static inline __attribute__((always_inline)) int attend_partition(
         if (bf16_dots) {
             for (int64_t g = 0; g < p->num_kv_heads; g++)
                 dot_group_bf16(tile_scores + g * G * PARTITION,
-                               (const uint16_t *)query + g * G * D, keys + g * D * elem, count,
+                               (const uint16_t *)query + g * G * D, keys + g * head_bytes, count,
                                token_bytes, D, G,
-                               head_rows(next, g * D * elem), head_rows(after, g * D * elem),
+                               head_rows(next, g * head_bytes), head_rows(after, g * head_bytes),
                                p->scale);
         } else
 #endif
@@ -756,23 +765,24 @@ static inline __attribute__((always_inline)) int attend_partition(
         if (G > 0) {
             for (int64_t g = 0; g < p->num_kv_heads; g++)
                 dot_group(tile_scores + g * G * PARTITION, query + g * G * D,
-                          keys + g * D * elem, count, token_bytes, D, dtype, G,
-                          head_rows(next, g * D * elem), head_rows(after, g * D * elem));
+                          keys + g * head_bytes, count, token_bytes, D, dtype, G,
+                          head_rows(next, g * head_bytes), head_rows(after, g * head_bytes));
         } else
 #endif
             for (int64_t h = 0; h < H; h++) { /* a group's first head asks for its rows */
-                const int64_t offset = (h / group) * D * elem;
+                const int64_t offset = (h / group) * head_bytes;
                 dot_rows(tile_scores + h * PARTITION, query + h * D, keys + offset, count,
                          token_bytes, D, dtype, h % group ? NULL : head_rows(next, offset),
                          h % group ? NULL : head_rows(after, offset));
             }
         start += count;
     }
-    /* The first values are fetched while the softmax runs. */
-    int64_t first_count;
-    find_tile(p, blocks, begin, end, token_bytes, &first_count);
-    prefetch_tile(p, p->value_cache, blocks, begin, end, token_bytes, 0);
-    prefetch_tile(p, p->value_cache, blocks, begin + first_count, end, token_bytes, 1);
+    if (ahead) { /* the first values are fetched while the softmax runs */
+        int64_t first_count;
+        find_tile(p, blocks, begin, end, &first_count);
+        prefetch_tile(p, p->value_cache, blocks, begin, end, 0);
+        prefetch_tile(p, p->value_cache, blocks, begin + first_count, end, 1);
+    }
     const int64_t n = end - begin;
     for (int64_t h = 0; h < H; h++) {
         float *s = scores + h * PARTITION, maximum = -INFINITY, total = 0.0f;
@@ -785,23 +795,22 @@ static inline __attribute__((always_inline)) int attend_partition(
     for (int64_t start = begin; start < end;) { /* pass 2: acc[h] += weights . values */
         int64_t count;
         /* pass 1 has checked the block ids */
-        const char *values =
-            p->value_cache + find_tile(p, blocks, start, end, token_bytes, &count);
+        const char *values = p->value_cache + find_tile(p, blocks, start, end, &count);
         const char *after;
-        const char *next = prefetch_ahead(p, p->value_cache, blocks, start, count, end,
-                                          token_bytes, row_by_row, amx, &after);
+        const char *next = prefetch_ahead(p, p->value_cache, blocks, start, count, end, ahead,
+                                          row_by_row, amx, &after);
         const float *weights = scores + (start - begin);
 #ifdef __AVX512F__
         if (G > 0) {
             for (int64_t g = 0; g < p->num_kv_heads; g++)
                 accumulate_group(acc + g * G * D, weights + g * G * PARTITION,
-                                 values + g * D * elem, count, token_bytes, D, dtype, G,
-                                 head_rows(next, g * D * elem),
-                                 head_rows(after, g * D * elem));
+                                 values + g * head_bytes, count, token_bytes, D, dtype, G,
+                                 head_rows(next, g * head_bytes),
+                                 head_rows(after, g * head_bytes));
         } else
 #endif
             for (int64_t h = 0; h < H; h++) {
-                const int64_t offset = (h / group) * D * elem;
+                const int64_t offset = (h / group) * head_bytes;
                 accumulate_rows(acc + h * D, weights + h * PARTITION, values + offset, count,
                                 token_bytes, D, dtype, h % group ? NULL : head_rows(next, offset),
                                 h % group ? NULL : head_rows(after, offset));
@@ -879,13 +888,17 @@ static void merge(const Problem *p, int64_t seq, int64_t head, int64_t parts, co
 static int write_tokens(const Problem *p, const char *keys, int64_t key_stride,
                         const char *values, int64_t value_stride, const int64_t *slots,
                         int64_t count) {
-    const int64_t row = p->num_kv_heads * p->head_size * p->elem;
+    const int64_t head = p->head_size * p->elem;
     for (int64_t i = 0; i < count; i++) {
         if (slots[i] < 0 || slots[i] >= p->num_blocks * p->block_size) return STATUS_BAD_BLOCK;
-        memcpy((char *)p->key_cache + slots[i] * row, keys + i * key_stride * p->elem,
-               (size_t)row);
-        memcpy((char *)p->value_cache + slots[i] * row, values + i * value_stride * p->elem,
-               (size_t)row);
+        const int64_t slot = (slots[i] / p->block_size) * p->block_bytes +
+                             (slots[i] % p->block_size) * p->token_bytes;
+        for (int64_t g = 0; g < p->num_kv_heads; g++) {
+            memcpy((char *)p->key_cache + slot + g * p->head_bytes,
+                   keys + i * key_stride * p->elem + g * head, (size_t)head);
+            memcpy((char *)p->value_cache + slot + g * p->head_bytes,
+                   values + i * value_stride * p->elem + g * head, (size_t)head);
+        }
     }
     return STATUS_OK;
 }
@@ -909,6 +922,7 @@ static int use_amx(int dtype, int64_t num_heads, int64_t head_size, int64_t bloc
  * decode step needs no separate cache write. */
 int slotwise_paged_decode(const void *q, int64_t q_stride_seq, int64_t q_stride_head,
                           void *key_cache, void *value_cache, int64_t num_blocks,
+                          int64_t block_stride, int64_t token_stride, int64_t head_stride,
                           const int32_t *block_table, int64_t table_stride,
                           int64_t table_width, const int32_t *seq_lens, void *out,
                           int64_t out_stride_seq, int64_t out_stride_head, int64_t num_seqs,
@@ -921,12 +935,13 @@ int slotwise_paged_decode(const void *q, int64_t q_stride_seq, int64_t q_stride_
         num_kv_heads < 1 || num_heads % num_kv_heads || num_threads < 1 || num_seqs < 0 ||
         num_new < 0)
         return STATUS_BAD_ARGUMENT;
+    const int64_t elem = dtype == DTYPE_FLOAT32 ? 4 : 2;
     const Problem p = {(const char *)q, (const char *)key_cache, (const char *)value_cache,
                        block_table, seq_lens, (char *)out, q_stride_seq, q_stride_head,
                        table_stride, table_width, out_stride_seq, out_stride_head, num_blocks,
-                       num_heads, num_kv_heads, head_size, block_size,
-                       dtype == DTYPE_FLOAT32 ? 4 : 2, scale, dtype,
-                       use_amx(dtype, num_heads, head_size, block_size)};
+                       num_heads, num_kv_heads, head_size, block_size, elem,
+                       block_stride * elem, token_stride * elem, head_stride * elem, scale,
+                       dtype, use_amx(dtype, num_heads, head_size, block_size)};
     if (num_new > 0) {
         const int status =
             write_tokens(&p, (const char *)new_keys, new_key_stride, (const char *)new_values,
