@@ -447,7 +447,12 @@ static inline __attribute__((always_inline)) void dot_row(const Problem *p, int6
 /* sums[r][first + i] = x[first + i] . weight[row + r] for r < ROWS, i < count <= X_BLOCK:
  * eight accumulators, which with the loaded vectors fill AVX2's sixteen registers; the
  * weight rows come from the cache after the first block of x rows, and the rows
- * PREFETCH_GROUPS groups on are asked for meanwhile (see the AVX-512 prefetch_ahead). */
+ * PREFETCH_GROUPS groups on are asked for meanwhile (see the AVX-512 prefetch_ahead), one
+ * row per block of x rows (row r in block r, or in every block r modulo the blocks when
+ * there are fewer blocks than rows) rather than every row in every block, which asked
+ * for each line once per block of x rows and took load slots from the loads that feed
+ * the multiply-adds: float32 1.07x at 3 rows, 1.18x to 1.23x at 4 to 16 rows, bfloat16
+ * 1.01x to 1.04x (AMD EPYC, Zen 3, the small preset's weights, two threads, interleaved). */
 static inline __attribute__((always_inline)) void dot_block(const Problem *p, int64_t row,
                                                             int64_t first,
                                                             const int64_t count,
@@ -455,6 +460,7 @@ static inline __attribute__((always_inline)) void dot_block(const Problem *p, in
                                                             float sums[ROWS][MAX_M]) {
     const int64_t k = p->k, elem = dtype == DTYPE_FLOAT32 ? 4 : 2, steps = k / STEP;
     const int64_t ahead = PREFETCH_GROUPS * ROWS * k * elem;
+    const int64_t blocks = (p->m + X_BLOCK - 1) / X_BLOCK, block = first / X_BLOCK;
     const char *w[ROWS], *x[4];
     for (int64_t r = 0; r < ROWS; r++) w[r] = p->weight + (row + r) * k * elem;
     x_rows(p, first, count, elem, x);
@@ -470,7 +476,7 @@ static inline __attribute__((always_inline)) void dot_block(const Problem *p, in
             __asm__("" : "+x"(xs[i].lo), "+x"(xs[i].hi));
         }
         for (int64_t r = 0; r < ROWS; r++) {
-            __builtin_prefetch(w[r] + ahead + byte, 0, 3);
+            if (r % blocks == block) __builtin_prefetch(w[r] + ahead + byte, 0, 3);
             const Step ws = load_step(w[r] + byte, dtype);
             for (int64_t i = 0; i < count; i++) acc[r][i] = fma_step(ws, xs[i], acc[r][i]);
         }
