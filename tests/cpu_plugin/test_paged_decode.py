@@ -158,6 +158,32 @@ def test_caches_and_head_sizes_the_kernel_cannot_read_are_refused(kernel):
         paged_decode_op(q, wider, table, lengths, out, 1.0)
 
 
+def test_a_token_major_cache_is_refused_with_the_layout_named(kernel):
+    """The core's default layout [2, blocks, block size, kv heads, D] has the same rank;
+    read as head-major, its block size would be taken for the key/value heads."""
+    q = out = torch.zeros(1, 8, 64)
+    token_major = torch.zeros(2, 4, 16, 4, 64)
+    table = torch.tensor([[0, 1]], dtype=torch.int32)
+    lengths = torch.tensor([20], dtype=torch.int32)
+    with pytest.raises(ValueError, match="16 key/value heads, which do not divide the query's 8"):
+        paged_decode_op(q, token_major, table, lengths, out, 1.0)
+
+
+@pytest.mark.parametrize("slot", [-1, 4 * 16])
+def test_a_prefill_slot_outside_the_cache_is_refused_not_wrapped(slot):
+    """A mixed batch's tokens are stored by indexing (the kernel stores only decodes'):
+    a negative slot must not land in the last block."""
+    impl = CpuSdpaImpl(2, 8, 1.0, 2)
+    metadata = AttentionMetadataBuilder(16).build([3], [0], [[0]])
+    metadata.slot_mapping[1] = slot
+    kv_cache = torch.zeros(2, 4, 2, 16, 8)
+    q, out = torch.randn(3, 2, 8), torch.empty(3, 2, 8)
+    k = v = torch.randn(3, 2, 8)
+    with pytest.raises(IndexError, match=f"slots {min(slot, 0)} to {max(slot, 2)}, outside"):
+        impl.forward(None, q, k, v, kv_cache, metadata, out)
+    assert not kv_cache.any()
+
+
 def test_a_layer_checks_each_new_cache_it_is_given(kernel):
     """A cache swapped in later (the runner reallocated) is checked as the first was,
     not read on trust."""

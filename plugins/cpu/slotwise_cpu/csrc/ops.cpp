@@ -81,6 +81,15 @@ void check_layouts(const at::Tensor &q, const at::Tensor &kv_cache, const at::Te
         "paged_decode: needs a contiguous CPU KV cache [2, num_blocks, num_kv_heads, "
         "block_size, head_size] (keys, then values) of float32, bfloat16 or float16; got ",
         kv_cache.scalar_type(), " ", kv_cache.sizes(), " strides ", kv_cache.strides());
+    // A cache in the core's token-major layout has the same rank; its block size then
+    // reads as the key/value heads.
+    TORCH_CHECK_VALUE(
+        q.dim() != 3 || (kv_cache.size(2) > 0 && q.size(1) % kv_cache.size(2) == 0),
+        "paged_decode: the KV cache [2, num_blocks, num_kv_heads, block_size, head_size] ",
+        kv_cache.sizes(), " has ", kv_cache.size(2), " key/value heads, which do not divide "
+        "the query's ", q.size(1), "; a cache in the token-major layout [2, num_blocks, "
+        "block_size, num_kv_heads, head_size] is not this op's (allocate it with CPU_SDPA's "
+        "get_kv_cache_shape)");
     const int64_t head_size = q.dim() == 3 ? q.size(2) : -1;
     const bool with_new = new_keys.has_value() || new_values.has_value() ||
                           slot_mapping.has_value();

@@ -559,7 +559,9 @@ static inline int64_t find_tile(const Problem *p, const int32_t *blocks, int64_t
  * float32 on Zen 4.  The AMX path was measured on the Xeon only and keeps one tile ahead.
  * Under AVX2 (Zen 3, 8 layers' caches of 16 x 2,048 tokens, interleaved), the ungrouped
  * loops ask for bfloat16 rows row by row, by the first query head of each group: 1.06x
- * to 1.21x against the bursts; float32 rows lost 0.92x to 0.98x that way and keep them. */
+ * to 1.21x against the bursts.  float32 rows, read front to back from head-major blocks,
+ * are left to the hardware prefetcher (``ahead`` off): the bursts were 0.80x to 0.97x
+ * against none, row by row 0.92x to 1.09x (docs/benchmarks.md). */
 static inline __attribute__((always_inline)) void prefetch_tile(const Problem *p,
                                                                 const char *cache,
                                                                 const int32_t *blocks,
@@ -591,13 +593,13 @@ static inline const char *next_tile_rows(const Problem *p, const char *cache,
     return first < 0 || next_count != count ? NULL : cache + first;
 }
 
-/* Asks for what follows the tile of ``count`` tokens at ``start`` in ``cache``: the next
- * tile and, except on the AMX path, the tile after it, into L2 (see prefetch_tile).  For
- * the loops that ask row by row (``row_by_row``: the grouped ones, and under AVX2 the
- * others for 2-byte rows), each of the two tiles that holds as many tokens is
- * returned for them to ask for row by row (the next one's first row, and the one after in
- * ``*after``); the others, and every tile for the other loops, are asked for whole here.
- * Returns the next tile's first row or NULL. */
+/* Asks for what follows the tile of ``count`` tokens at ``start`` in ``cache``, unless
+ * ``ahead`` is off: the next tile and, except on the AMX path, the tile after it, into
+ * L2 (see prefetch_tile).  For the loops that ask row by row (``row_by_row``: the
+ * grouped ones, and under AVX2 the others for 2-byte rows), each of the two tiles that
+ * holds as many tokens is returned for them to ask for row by row (the next one's first
+ * row, and the one after in ``*after``); the others, and every tile for the other
+ * loops, are asked for whole here.  Returns the next tile's first row or NULL. */
 static inline __attribute__((always_inline)) const char *prefetch_ahead(
     const Problem *p, const char *cache, const int32_t *blocks, int64_t start, int64_t count,
     int64_t end, const int ahead, const int row_by_row, const int amx, const char **after) {
