@@ -82,10 +82,10 @@ GQA_WITH_REPEAT = """
 TOP_LEFT_CAUSAL_MASK = """
     class BrokenImpl(CpuSdpaImpl):
         def _prefill(self, q, key_cache, value_cache, block_table, seq_len):
-            block_size = key_cache.shape[1]
+            block_size = key_cache.shape[2]  # [blocks, kv heads, block size, D]
             blocks = block_table[: -(-seq_len // block_size)]
-            keys = key_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1)
-            values = value_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1)
+            keys = key_cache[blocks].transpose(0, 1).flatten(1, 2)[:, :seq_len]
+            values = value_cache[blocks].transpose(0, 1).flatten(1, 2)[:, :seq_len]
             out = self._sdpa(q.transpose(0, 1), keys, values, is_causal=True)
             return out.transpose(0, 1)
 """

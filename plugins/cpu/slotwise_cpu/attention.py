@@ -10,9 +10,8 @@ attention uses SDPA's ``enable_gqa``.
 
 The cache is head-major within each block, ``[2, num_blocks, num_kv_heads, block_size,
 head_size]``: the kernel reads one head's rows of a block at a time, and there they lie
-together, so it reads memory front to back (bfloat16 1.25x, float32 1.25x per layer at
-16 x 2,048 tokens on an AVX2 host against the core's token-major layout; see
-docs/benchmarks.md).
+together, so it reads memory front to back (1.2x to 1.3x faster per layer at 16 x 2,048
+tokens on an AVX2 host than the core's token-major layout; see docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -8,12 +8,12 @@
  * partition of one request, all heads at once, a block's heads one after the other, so
  * with CPU_SDPA's head-major blocks (each head's rows together) it reads its blocks front
  * to back.  Items run on OpenMP threads; a long request thus spreads over every thread
- * even at batch 1.  An item first scores all its
- * tokens against every query head (reading only keys), takes the softmax of those
- * scores, then sums the values weighted by it (reading only values): each pass reads one
- * stream of memory rather than keys and values in turn (see attend_partition).  It keeps,
- * per query head, the maximum of its scores, the sum of their exponentials and the
- * weighted sum of values; a last pass merges the partitions of each request.
+ * even at batch 1.  An item first scores all its tokens against every query head
+ * (reading only keys), takes the softmax of those scores, then sums the values weighted
+ * by it (reading only values): each pass reads one stream of memory rather than keys and
+ * values in turn (see attend_partition).  It keeps, per query head, the maximum of its
+ * scores, the sum of their exponentials and the weighted sum of values; a last pass
+ * merges the partitions of each request.
  *
  * Layouts (element strides are passed for q, out and the caches; the rest is contiguous):
  *   q            [num_seqs, num_heads, head_size]
@@ -788,6 +788,8 @@ static inline __attribute__((always_inline)) int attend_partition(
     const int64_t n = end - begin;
     for (int64_t h = 0; h < H; h++) {
         float *s = scores + h * PARTITION, maximum = -INFINITY, total = 0.0f;
+        /* in vectors (the same maximum): 1.00x to 1.04x per layer on Zen 3, interleaved */
+#pragma omp simd reduction(max : maximum)
         for (int64_t t = 0; t < n; t++) maximum = s[t] > maximum ? s[t] : maximum;
         for (int64_t t = 0; t < n; t += TILE)
             total += exp_and_sum(s + t, n - t < TILE ? n - t : TILE, maximum);
