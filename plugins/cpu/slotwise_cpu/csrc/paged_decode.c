@@ -733,8 +733,9 @@ static inline __attribute__((always_inline)) int attend_partition(
     const int32_t *blocks = p->block_table + seq * p->table_stride;
     const int64_t token_bytes = p->token_bytes, head_bytes = p->head_bytes;
 #ifdef AVX2_LOOPS /* see prefetch_ahead */
+    (void)G; /* 0: the grouped loops are AVX-512's */
     const int ahead = dtype != DTYPE_FLOAT32;
-    const int row_by_row = G > 0 || (dtype != DTYPE_FLOAT32 && avx2_rows(D));
+    const int row_by_row = ahead && avx2_rows(D);
 #else
     const int ahead = 1;
     const int row_by_row = G > 0 && !amx;
