@@ -88,6 +88,21 @@ def test_the_kernel_takes_the_rows_it_is_faster_for_on_this_cpu(caplog):
     assert linear.max_kernel_rows(torch.float16) == 16
 
 
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
+def test_every_row_count_the_kernel_takes_matches_float64(dtype):
+    # The AVX2 code cuts the rows of x of 2-byte dtypes into tiles of three to six (5 is
+    # one tile, 8 two of four, 13 three of 5, 5 and 3); an inner size of 100 ends on 4
+    # elements past the last whole vector, 37 outputs one past the last group of four.
+    generator = torch.Generator().manual_seed(37)
+    weight = torch.randn(37, 100, generator=generator).to(dtype)
+    bias = torch.randn(37, generator=generator).to(dtype)
+    for rows in range(1, linear.max_kernel_rows(dtype) + 1):
+        x = torch.randn(rows, 100, generator=generator).to(dtype)
+        out = torch.ops.slotwise_cpu.linear(x, weight, bias)
+        expected = x.double() @ weight.double().T + bias.double()
+        assert within_output_rounding(out, expected, x, weight), f"{rows} rows"
+
+
 @pytest.mark.parametrize("rows", ["one", "most"])
 def test_rows_of_a_wider_tensor_are_read_with_their_stride(rows):
     rows = 1 if rows == "one" else linear.max_kernel_rows(torch.bfloat16)

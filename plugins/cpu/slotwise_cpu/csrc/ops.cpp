@@ -59,6 +59,8 @@ at::Tensor linear(const at::Tensor &x, const at::Tensor &weight,
         x.data_ptr(), x.stride(0), weight.data_ptr(),
         bias.has_value() ? bias->data_ptr() : nullptr, out.data_ptr(), outputs, rows, outputs,
         inner, code, at::get_num_threads());
+    TORCH_CHECK(status != 2, "slotwise_cpu.linear: out of memory for the float32 copy of x (",
+                rows, "x", inner, ") that the AVX2 kernel reads");
     TORCH_CHECK_VALUE(status == 0, "slotwise_cpu.linear: the kernel refused ", rows, "x", inner,
                       " @ ", inner, "x", outputs);
     return out;
