@@ -552,7 +552,8 @@ static inline __attribute__((always_inline)) void dot_tile(const Problem *p, int
 }
 
 /* dot_tile over the ROWS weight rows of a group, two at a time, and every row of x, in
- * tiles of as even a size as six rows allow. */
+ * tiles of as even a size as six rows allow: of 3 to 6 rows, as the tiles take more than
+ * ONE_ROW_MAX_M_HALF (4) rows of x. */
 static inline __attribute__((always_inline)) void dot_tiles(const Problem *p, int64_t row,
                                                             const int dtype,
                                                             float sums[ROWS][MAX_M]) {
@@ -563,8 +564,6 @@ static inline __attribute__((always_inline)) void dot_tiles(const Problem *p, in
 #define TILE_OF(COUNT) \
     dot_tile(p, row + pair, first, COUNT, dtype, tile, tiles, sums + pair)
             switch (count) {
-            case 1: TILE_OF(1); break;
-            case 2: TILE_OF(2); break;
             case 3: TILE_OF(3); break;
             case 4: TILE_OF(4); break;
             case 5: TILE_OF(5); break;
