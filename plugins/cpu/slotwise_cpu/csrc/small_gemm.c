@@ -106,11 +106,11 @@ typedef void (*DotFunction)(const Problem *, int64_t, int64_t, int64_t, float[RO
     SPECIALISE(FUNCTION, DTYPE_FLOAT16)                                                   \
     DTYPE_TABLE(FUNCTION)
 
-/* ``dot`` (a table of the above) against every row of x, ``per_call`` rows at a time. */
-static inline void dot_x_rows(const Problem *p, int64_t row, const DotFunction dot[3],
+/* ``dot`` (one of the above) against every row of x, ``per_call`` rows at a time. */
+static inline void dot_x_rows(const Problem *p, int64_t row, const DotFunction dot,
                               int64_t per_call, float sums[ROWS][MAX_M]) {
     for (int64_t first = 0; first < p->m; first += per_call)
-        dot[p->dtype](p, row, first, p->m - first < per_call ? p->m - first : per_call, sums);
+        dot(p, row, first, p->m - first < per_call ? p->m - first : per_call, sums);
 }
 
 #ifdef __AVX512F__
@@ -347,12 +347,12 @@ SPECIALISE_ALL(dot_row)
 
 /* sums[r][i] = x[i] . weight[row + r]: ROWS weight rows against every row of x. */
 static inline void dot_rows(const Problem *p, int64_t row, float sums[ROWS][MAX_M]) {
-    dot_x_rows(p, row, p->m > 4 ? dot_block_many_for : dot_block_few_for, 4, sums);
+    dot_x_rows(p, row, (p->m > 4 ? dot_block_many_for : dot_block_few_for)[p->dtype], 4, sums);
 }
 
 /* sums[0][i] = x[i] . weight[row]: one weight row against every row of x. */
 static inline void dot_one_row(const Problem *p, int64_t row, float sums[ROWS][MAX_M]) {
-    dot_x_rows(p, row, dot_row_for, 4, sums);
+    dot_x_rows(p, row, dot_row_for[p->dtype], 4, sums);
 }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 /* The AVX2 inner steps (AMD's Zen 2 and Zen 3, Intel before AVX-512): eight float32
@@ -609,14 +609,12 @@ static inline void dot_rows(const Problem *p, int64_t row, float sums[ROWS][MAX_
     else if (p->dtype == DTYPE_FLOAT16)
         dot_tiles_float16(p, row, sums);
     else
-        for (int64_t first = 0; first < p->m; first += X_BLOCK)
-            dot_block_float32(p, row, first, p->m - first < X_BLOCK ? p->m - first : X_BLOCK,
-                              sums);
+        dot_x_rows(p, row, dot_block_float32, X_BLOCK, sums);
 }
 
 /* sums[0][i] = x[i] . weight[row]: one weight row against every row of x. */
 static inline void dot_one_row(const Problem *p, int64_t row, float sums[ROWS][MAX_M]) {
-    dot_x_rows(p, row, dot_row_for, 4, sums);
+    dot_x_rows(p, row, dot_row_for[p->dtype], 4, sums);
 }
 #else
 static inline void dot_rows(const Problem *p, int64_t row, float sums[ROWS][MAX_M]) {
