@@ -14,7 +14,7 @@ import argparse
 import json
 import logging
 
-from slotwise.cli.arguments import int_at_least
+from slotwise.cli.arguments import MAX_TOKENS, int_in
 from slotwise.compilation import CompilationConfig
 from slotwise.models.llama import PRESETS, build_llama
 from slotwise.runner.model_runner import ModelRunner, check_prompts
@@ -35,7 +35,7 @@ def main() -> int:
     parser.add_argument(
         "--prompt", type=parse_prompt, action="append", help="token ids, e.g. 1,5,9"
     )
-    parser.add_argument("--max-new-tokens", type=int_at_least(1), default=8)
+    parser.add_argument("--max-new-tokens", type=int_in(1, MAX_TOKENS), default=8)
     parser.add_argument("--check", action="store_true", help="compare with the uncompiled model")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     CompilationConfig.add_cli_arguments(parser)

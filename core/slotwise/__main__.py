@@ -1,5 +1,6 @@
 """``python -m slotwise`` is the ``slotwise`` command."""
 
-from slotwise.cli import main
+if __name__ == "__main__":
+    from slotwise.cli import main
 
-raise SystemExit(main())
+    raise SystemExit(main())

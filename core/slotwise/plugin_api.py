@@ -62,6 +62,11 @@ _EXPORTS: dict[str, str] = {
     "LogitsHead": "slotwise.layers.logits",
     # distributed
     "Communicator": "slotwise.distributed.communicator",
+    # a plugin's own cache under the core's cache root, under the core's trust rules
+    "untrusted_directory": "slotwise.cache_permissions",
+    "make_private_directories": "slotwise.cache_permissions",
+    "read_trusted_file": "slotwise.cache_permissions",
+    "write_atomically": "slotwise.cache_permissions",
 }
 
 __all__ = sorted(_EXPORTS)

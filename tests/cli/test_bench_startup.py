@@ -91,8 +91,9 @@ def test_layers_and_repeats_reach_the_benchmark(startup_main):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["startup", "--repeats", "0"], "argument --repeats: expected an integer >= 1, got '0'"),
-        (["startup", "--layers", "0"], "argument --layers: expected an integer >= 1, got '0'"),
+        (["startup", "--repeats", "0"], "argument --repeats: expected an integer from 1 to 1000"),
+        (["startup", "--layers", "0"], "argument --layers: expected an integer from 1 to 1024"),
+        (["startup", "--layers", "5000"], "argument --layers: expected an integer from 1 to 1024"),
         (["warmup"], "argument what: invalid choice: 'warmup'"),
     ],
 )

@@ -164,3 +164,96 @@ def test_env_header_and_table_agree_when_a_class_name_differs_from_its_spec(dist
     table = slotwise("env", **env).stdout
     assert "platform none: " in table
     assert "selected" not in table
+
+
+FAILING_REGISTRATION_PLUGIN = """
+    from slotwise.plugin_api import Platform, PlatformSpec, hookimpl
+
+    class BrokenRegPlatform(Platform):
+        name = "brokenreg"
+        device_type = "cpu"
+
+        def device_count(self, **kwargs):
+            return 1
+
+    @hookimpl
+    def slotwise_platforms():
+        return [PlatformSpec("brokenreg", __name__ + ":BrokenRegPlatform", lambda: True,
+                             priority=300)]
+
+    @hookimpl
+    def slotwise_register_attention_backends(registry):
+        raise RuntimeError("no backend today")
+"""
+
+
+def test_a_plugin_whose_registration_hook_raises_is_reported_failed(dists):
+    dists.add("slotwise-brokenreg", FAILING_REGISTRATION_PLUGIN)
+    env = {
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(dists.root), os.environ.get("PYTHONPATH")) if p
+        )
+    }
+    result = slotwise("env", "--json", **env)
+    assert result.returncode == 1, result.stderr
+    info = json.loads(result.stdout)
+    reason = "hook slotwise_register_attention_backends raised RuntimeError: no backend today"
+    row = next(r for r in info["plugins"] if r["name"] == "brokenreg")
+    assert (row["status"], row["reason"]) == ("failed", reason)
+    assert info["platform"] is None and reason in info["error"]
+    table = slotwise("env", **env)
+    assert table.returncode == 1
+    assert "selected" not in table.stdout
+    assert (
+        "platform none: platform 'brokenreg' is unusable: plugin 'slotwise_brokenreg'"
+        in table.stdout
+    )
+    assert reason in table.stderr  # the warning, as every command that ran the hook gives
+
+
+SPARSE_PLUGIN = """
+    from slotwise.plugin_api import Platform, PlatformSpec, hookimpl
+
+    class SparsePlatform(Platform):
+        name = "sparse"
+        device_type = "cpu"
+
+        def device_count(self, **kwargs):
+            return 2
+
+        def get_device_name(self, device_id=0, **kwargs):
+            return "Sparse NPU"
+
+        def get_device_capability(self, device_id=0, **kwargs):
+            return None
+
+        def total_memory(self, device_id=0, **kwargs):
+            raise RuntimeError("driver asleep")
+
+    @hookimpl
+    def slotwise_platforms():
+        return [PlatformSpec("sparse", __name__ + ":SparsePlatform", lambda: True, priority=300)]
+"""
+
+
+def test_answers_a_platform_cannot_give_are_named_never_shown_as_values(dists):
+    dists.add("slotwise-sparse", SPARSE_PLUGIN)
+    env = {
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(dists.root), os.environ.get("PYTHONPATH")) if p
+        )
+    }
+    table = slotwise("env", **env)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert "devices  2 x Sparse NPU" in lines
+    assert not [line for line in lines if line.startswith("memory")]
+    assert "unknown  total_memory (sparse raised RuntimeError: driver asleep)" in lines
+    assert "unknown  current_memory_usage (not implemented by platform sparse)" in lines
+    assert "not implemented in use" not in table.stdout
+    devices = json.loads(slotwise("env", "--json", **env).stdout)["devices"]
+    assert devices["list"][0]["total_memory"] is None and devices["memory_in_use"] is None
+    assert devices["unanswered"] == {
+        "total_memory": "raised RuntimeError: driver asleep",
+        "current_memory_usage": "not implemented",
+    }

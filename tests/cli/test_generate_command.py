@@ -150,25 +150,60 @@ def test_seeded_sampling_repeats(folder, generate):
     assert runs[0]["token_ids"] != greedy["token_ids"]
 
 
+TEMPERATURES = "expected 0 or a number in [1e-05, 100000]"
+SEEDS = f"expected an integer from 0 to {2**64 - 1}"  # what torch.Generator takes
+TOKEN_COUNTS = "expected an integer from 1 to 2147483647"
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--temperature", "-1"], "argument --temperature: expected a number >= 0, got '-1'"),
-        (["--temperature", "nan"], "argument --temperature: expected a number >= 0, got 'nan'"),
+        (["--temperature", "-1"], f"argument --temperature: {TEMPERATURES}, got '-1'"),
+        (["--temperature", "nan"], f"argument --temperature: {TEMPERATURES}, got 'nan'"),
+        (["--temperature", "inf"], f"argument --temperature: {TEMPERATURES}, got 'inf'"),
+        # float32 makes 1e-50 a 0, and the logits over it inf or nan
+        (["--temperature", "1e-50"], f"argument --temperature: {TEMPERATURES}, got '1e-50'"),
         (["--top-p", "0"], "argument --top-p: expected a number in (0, 1], got '0'"),
         (["--top-p", "1.5"], "argument --top-p: expected a number in (0, 1], got '1.5'"),
-        (["--top-k", "-1"], "argument --top-k: expected an integer >= 0, got '-1'"),
-        (["--seed", "x"], "argument --seed: expected an integer >= 0, got 'x'"),
-        (["--max-new-tokens", "0"], "argument --max-new-tokens: expected an integer >= 1"),
-        (["--tp", "0"], "argument --tp: expected an integer >= 1, got '0'"),
+        (["--top-k", "-1"], "argument --top-k: expected an integer from 0 to 2147483647, got '-1'"),
+        (["--top-k", str(2**63)], "argument --top-k: expected an integer from 0 to 2147483647"),
+        (["--seed", "x"], f"argument --seed: {SEEDS}, got 'x'"),
+        (["--seed", "-1"], f"argument --seed: {SEEDS}, got '-1'"),
+        (["--seed", str(2**64)], f"argument --seed: {SEEDS}, got '{2**64}'"),
+        (["--seed", "9" * 5000], f"argument --seed: {SEEDS}, got '99"),
+        (["--max-new-tokens", "0"], f"argument --max-new-tokens: {TOKEN_COUNTS}, got '0'"),
+        (["--max-new-tokens", str(2**31)], f"argument --max-new-tokens: {TOKEN_COUNTS}, got"),
+        (["--tp", "0"], "argument --tp: expected an integer from 1 to 1024, got '0'"),
         (["--dtype", "float64"], "argument --dtype: invalid choice: 'float64'"),
     ],
-)
+)  # fmt: skip
 def test_bad_numbers_are_refused_when_parsing(generate, capsys, args, message):
     with pytest.raises(SystemExit) as exit_:
         generate("--model", "nowhere", "--prompt", "hi", *args)
     assert exit_.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err
+    assert len(err.splitlines()) == 1 and err.endswith("(see 'slotwise generate --help')\n")
+
+
+def test_the_largest_seed_torch_takes_is_accepted(folder, generate):
+    args = ["--model", str(folder), "--prompt", PROMPTS[0], "--max-new-tokens", "4", "-O0"]
+    code, out, err = generate(*args, "--temperature", "1", "--seed", str(2**64 - 1), "--json")
+    assert code == 0, err
+    assert len(json_lines(out)[0]["token_ids"]) >= 1
+
+
+def test_a_prompt_that_is_not_utf8_is_refused_in_one_line():
+    result = subprocess.run(
+        [sys.executable.encode(), b"-m", b"slotwise", b"generate", b"--model", b"x",
+         b"--prompt", b"caf\xe9 ok", b"-O0"],
+        capture_output=True, text=True, env=clean_env(), timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2 and not result.stdout
+    assert result.stderr == (
+        "slotwise generate: error: argument --prompt: not valid UTF-8 (byte 0xe9 at "
+        "character 3); pass UTF-8 text (see 'slotwise generate --help')\n"
+    )
 
 
 def test_bad_numbers_exit_2_with_the_reason_in_one_process():

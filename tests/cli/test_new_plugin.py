@@ -16,7 +16,10 @@ from pathlib import Path
 
 import pytest
 from conformance.conformance_runs import TIMEOUT_S, environment, messages, outcomes, run_cli
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
+from slotwise import version
 from slotwise.cli import new_plugin_command
 
 cli_main = importlib.import_module("slotwise.cli.main")
@@ -125,6 +128,40 @@ def test_an_underscored_name_gives_a_hyphenated_distribution(new_plugin, tmp_pat
     assert 'name = "slotwise-my-npu"' in pyproject
     assert 'my_npu = "slotwise_my_npu.plugin"' in pyproject
     assert "export MY_NPU_DEVICES=1" in out
+
+
+def test_the_core_is_pinned_to_the_releases_compatible_with_this_one(new_plugin, tmp_path):
+    pyproject = (generate(new_plugin, tmp_path / "p") / "pyproject.toml").read_text()
+    (line,) = [line for line in pyproject.splitlines() if line.startswith("dependencies = ")]
+    (pin,) = [Requirement(d) for d in json.loads(line.partition("= ")[2]) if "slotwise" in d]
+    assert pin.name == "slotwise"
+    assert pin.specifier.contains(version.__version__)
+    assert pin.specifier == SpecifierSet(
+        new_plugin_command.compatible_releases(version.__version__)
+    )
+
+
+@pytest.mark.parametrize(
+    "release, accepted, refused",
+    [
+        ("0.1.0", ["0.1.0", "0.1.9"], ["0.0.9", "0.2.0", "1.0"]),
+        ("0.10.3", ["0.10.0", "0.10.7"], ["0.9.9", "0.11.0"]),
+        ("1.4.2", ["1.4.0", "1.9"], ["1.3.9", "2.0"]),
+    ],
+)
+def test_compatible_releases_stop_at_the_next_breaking_one(release, accepted, refused):
+    specifier = SpecifierSet(new_plugin_command.compatible_releases(release))
+    assert [v for v in accepted + refused if specifier.contains(v)] == accepted
+
+
+def test_the_help_says_static_graphs_are_off_unless_asked_for():
+    result = subprocess.run(
+        [sys.executable, "-m", "slotwise", "new-plugin", "--help"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    text = " ".join(result.stdout.split())
+    assert "Without it (the default) the platform has no static graphs" in text
+    assert "no static graphs unless --graphs is given" in text
 
 
 @pytest.mark.parametrize("graphs", [False, True])

@@ -13,6 +13,7 @@ import pytest
 
 from slotwise.compilation.config import (
     DEFAULT_SPLITTING_OPS,
+    MAX_CONFIG_FILE_BYTES,
     MAX_GRAPH_WARMUPS,
     MAX_SIZE,
     CompilationConfig,
@@ -554,6 +555,34 @@ def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist") as info:
         CompilationConfig.from_file(missing)
     assert str(missing) in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "folder"])
+def test_only_a_regular_file_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    # /dev/zero never ends and a FIFO without a writer blocks the read forever.
+    if kind == "device":
+        path = "/dev/zero"
+    elif kind == "fifo":
+        path = str(tmp_path / "config.fifo")
+        os.mkfifo(path)
+    else:
+        path = str(tmp_path)
+    monkeypatch.setenv("SLOTWISE_COMPILATION_CONFIG", path)
+    accepted = "is not a regular file" if kind != "folder" else "Is a directory|not a regular"
+    with pytest.raises(ConfigError, match=rf"SLOTWISE_COMPILATION_CONFIG: .*({accepted})"):
+        CompilationConfig.from_env()
+
+
+def test_a_config_file_over_the_size_limit_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    padded = '{"level": 3}'
+    path.write_text(padded + " " * (MAX_CONFIG_FILE_BYTES - len(padded)))
+    assert CompilationConfig.from_file(path).level == CompilationLevel.PIECEWISE  # at the limit
+    path.write_text(padded + " " * (MAX_CONFIG_FILE_BYTES + 1 - len(padded)))
+    with pytest.raises(ConfigError, match=rf"larger than {MAX_CONFIG_FILE_BYTES} bytes"):
+        CompilationConfig.from_file(path)
 
 
 def test_file_errors_name_the_file(tmp_path: Path) -> None:

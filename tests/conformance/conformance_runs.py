@@ -26,11 +26,17 @@ def environment(site: Path | None = None, **env: str) -> dict[str, str]:
 
 
 def run_cli(
-    platform: str, *pytest_args: str, site: Path | None = None, **env: str
+    platform: str,
+    *pytest_args: str,
+    site: Path | None = None,
+    require_all: bool = False,
+    **env: str,
 ) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
-    """``slotwise conformance PLATFORM --json -- PYTEST_ARGS``: its JSON summary and process."""
+    """``slotwise conformance PLATFORM --json [--require-all] -- PYTEST_ARGS``: its JSON
+    summary and process."""
+    flags = ["--json", *(["--require-all"] if require_all else [])]
     result = subprocess.run(
-        [sys.executable, "-m", "slotwise", "conformance", platform, "--json", "--", *pytest_args],
+        [sys.executable, "-m", "slotwise", "conformance", platform, *flags, "--", *pytest_args],
         env=environment(site, **env),
         capture_output=True,
         text=True,

@@ -16,7 +16,7 @@ import textwrap
 import pytest
 from conformance_runs import outcomes, run_cli
 
-from slotwise.testing.conformance.test_attention import LAYOUTS, NUM_KV_HEADS, SCENARIOS
+from slotwise.testing.conformance.test_attention import DTYPE_LAYOUTS, NUM_KV_HEADS, SCENARIOS
 
 pytestmark = pytest.mark.slow
 
@@ -100,7 +100,7 @@ WORST = re.compile(
 
 def attention_failures(dists, impl: str) -> dict[str, str]:
     """Run the suite on a CPU platform with ``impl`` as its attention; assert that only
-    the attention check fails and return the message of each failed attention test."""
+    the attention check fails and return the message of each failed scenario case."""
     (dists.root / "broken_attention.py").write_text(
         textwrap.dedent(BACKEND).format(impl=textwrap.dedent(impl))
     )
@@ -110,7 +110,13 @@ def attention_failures(dists, impl: str) -> dict[str, str]:
     failed = {check for check, outcome in outcomes(summary).items() if outcome == "failed"}
     assert failed == {"attention"}, summary
     tests = next(c["tests"] for c in summary["checks"] if c["check"] == "attention")
-    return {t["name"]: t["message"] for t in tests if t["outcome"] == "failed"}
+    # The scenario cases; the long-context and wide-range cases fail too, unlocated.
+    scenario_case = "test_attention_matches_the_reference["
+    return {
+        t["name"]: t["message"]
+        for t in tests
+        if t["outcome"] == "failed" and t["name"].startswith(scenario_case)
+    }
 
 
 def worst_element(message: str) -> re.Match[str]:
@@ -126,12 +132,13 @@ def worst_element(message: str) -> re.Match[str]:
 
 
 def case_names(scenarios: list[str], min_group: int = 1) -> set[str]:
-    """The names of the suite's reference cases for these scenarios, on every layout with at
-    least ``min_group`` query heads per key/value head."""
+    """The names of the suite's reference cases for these scenarios, on every dtype and
+    layout with at least ``min_group`` query heads per key/value head."""
     return {
-        f"test_attention_matches_the_reference[{scenario}-{head_size}-{group}-{scale}]"
+        f"test_attention_matches_the_reference[{scenario}-{str(dtype).removeprefix('torch.')}-"
+        f"{head_size}-{group}-{scale}]"
         for scenario in scenarios
-        for head_size, group, scale in LAYOUTS
+        for dtype, head_size, group, scale in DTYPE_LAYOUTS
         if group >= min_group
     }
 

@@ -4,6 +4,7 @@ run it must stop the session instead of passing."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -88,3 +89,22 @@ def test_cli_reports_an_unknown_platform_as_an_error():
     assert summary["passed"] is False
     assert summary["checks"] == []
     assert "no such platform" in summary["error"]
+
+
+def test_a_check_not_run_is_named_and_fails_the_session_only_under_require_all(tmp_path: Path):
+    report = tmp_path / "report.json"
+    args = ["--slotwise-conformance", "--slotwise-platform=ascend_stub", "-k", "communicator"]
+    args.append(f"--slotwise-conformance-report={report}")
+    one_device = {"SLOTWISE_ASCEND_STUB_DEVICES": "1"}
+
+    result = pytest_in(tmp_path, *args, **one_device)
+    assert result.returncode == 0, result.stdout
+    assert "slotwise conformance: 1 check not run: communicator (needs 2 devices" in (result.stdout)
+    (test,) = json.loads(report.read_text())["tests"]
+    assert (test["outcome"], test["not_run"]) == ("skipped", True)
+
+    result = pytest_in(tmp_path, *args, "--slotwise-require-all", **one_device)
+    assert result.returncode == 1, result.stdout
+    assert "1 check not run: communicator" in result.stdout
+    assert "--slotwise-require-all: the run fails" in result.stdout
+    assert json.loads(report.read_text())["exit_status"] == 1

@@ -1,11 +1,13 @@
 """Building and caching the CPU plugin's kernels (``slotwise_cpu.native``).
 
 Each case runs in a fresh process (the built library is loaded once per process) with
-its own cache folder, so nothing here touches the user's cache.
+its own cache root and temporary folder, so nothing here touches the user's cache.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -65,35 +67,112 @@ WITH_KERNELS, WITHOUT_KERNELS = ["kernel", "small-gemm"], ["gathered", "torch-ge
 INSTEAD = "linear layers run torch's GEMM, and decode attention gathers each request's cache"
 
 
-def run(cache: Path, **env: str) -> subprocess.CompletedProcess[str]:
+#: A uid other than the tests' (they run as root): the owner of another user's folders.
+OTHER_UID = 1000
+
+
+def run(cache: Path, prelude: str = "", **env: str) -> subprocess.CompletedProcess[str]:
+    """DECODE in a fresh process whose compile cache root is ``cache`` and whose temporary
+    folder is ``cache``'s sibling ``tmp`` (to see what is left there)."""
+    temporary = cache.parent / "tmp"
+    temporary.mkdir(exist_ok=True)
     return subprocess.run(
-        [sys.executable, "-c", DECODE],
+        [sys.executable, "-c", prelude + DECODE],
         capture_output=True,
         text=True,
-        env=clean_env(XDG_CACHE_HOME=str(cache), **env),
-        timeout=300,
+        env=clean_env(SLOTWISE_CACHE_ROOT=str(cache), TMPDIR=str(temporary), **env),
+        timeout=600,
     )
 
 
 def kernel_folder(cache: Path) -> Path:
-    return cache / "slotwise" / "cpu-kernels"
+    return cache / "cpu-kernels"
+
+
+def leftovers(cache: Path) -> list[str]:
+    """Build folders left behind: in the kernel cache and the temporary folder."""
+    folders = [kernel_folder(cache), cache.parent / "tmp"]
+    return [entry.name for folder in folders if folder.exists() for entry in folder.iterdir()
+            if entry.name.startswith((".build-", "slotwise-cpu-"))]  # fmt: skip
+
+
+def record(library: Path) -> dict[str, object]:
+    return json.loads(library.with_name(library.name + ".json").read_text())
 
 
 def test_the_kernels_are_built_once_loaded_from_the_cache_and_rebuilt_if_tampered(tmp_path):
-    first = run(tmp_path)
+    cache = tmp_path / "root"
+    first = run(cache)
     assert first.returncode == 0, first.stderr
     assert first.stdout.split() == WITH_KERNELS
     assert "building the plugin's kernels" in first.stderr
-    (library,) = kernel_folder(tmp_path).glob("ops-*.so")
+    (library,) = kernel_folder(cache).glob("ops-*.so")
     assert library.stat().st_mode & 0o777 == 0o700
-    second = run(tmp_path)
+    content = library.read_bytes()
+    assert record(library) == {"size": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+    second = run(cache)
     assert second.stdout.split() == WITH_KERNELS and "building" not in second.stderr
-    library.write_bytes(b"not a library")  # what another user could have put there
-    os.chmod(library, 0o666)
-    third = run(tmp_path)
+    # Truncated, still yours and private: mapping it would crash the process (SIGBUS).
+    library.write_bytes(content[: len(content) // 2])
+    third = run(cache)
     assert third.returncode == 0, third.stderr
     assert third.stdout.split() == WITH_KERNELS and "building the plugin's kernels" in third.stderr
+    assert f"is {len(content) // 2} bytes, not the {len(content)} recorded at build" in third.stderr
+    library.write_bytes(b"not a library")  # what another user could have put there
+    os.chmod(library, 0o666)
+    fourth = run(cache)
+    assert fourth.returncode == 0, fourth.stderr
+    assert fourth.stdout.split() == WITH_KERNELS
+    assert "writable by group or others" in fourth.stderr
     assert library.stat().st_mode & 0o777 == 0o700
+    assert not leftovers(cache)
+
+
+def test_a_library_that_is_not_the_kernels_falls_back_with_one_warning(tmp_path):
+    """A foreign library that matches its record (say, a record rewritten with it) loads
+    but registers nothing: torch's code runs, after one warning."""
+    from slotwise_cpu import native
+
+    cache = tmp_path / "root"
+    folder = kernel_folder(cache)
+    folder.mkdir(parents=True, mode=0o700)
+    os.chmod(cache, 0o700)
+    source = tmp_path / "foreign.c"
+    source.write_text("int foreign(void) { return 1; }\n")
+    key = native._build_key(native.compiler("CC", "cc"), native.compiler("CXX", "c++"))
+    library = folder / f"ops-{key[:24]}.so"
+    subprocess.run([native.compiler("CC", "cc"), "-shared", "-fPIC", "-o", str(library),
+                    str(source)], check=True)  # fmt: skip
+    os.chmod(library, 0o700)
+    content = library.read_bytes()
+    facts = {"size": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+    library.with_name(library.name + ".json").write_text(json.dumps(facts))
+    result = run(cache)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == WITHOUT_KERNELS
+    assert result.stderr.count(INSTEAD) == 1
+    assert "is not the plugin's kernels" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_compiler_that_hangs_is_stopped_and_torch_runs_instead(tmp_path):
+    pid_file = tmp_path / "compiler.pid"
+    hanging = tmp_path / "hanging-cc"
+    hanging.write_text(
+        '#!/bin/sh\nif [ "$1" = --version ]; then echo hanging 1.0; exit 0; fi\n'
+        f"echo $$ > {pid_file}\nexec sleep 600\n"
+    )
+    hanging.chmod(0o755)
+    prelude = "import slotwise_cpu.native as n\nn.BUILD_TIMEOUT_S, n.BUILD_PROGRESS_S = 4, 1\n"
+    result = run(tmp_path / "root", prelude, CC=str(hanging), CXX=str(hanging))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == WITHOUT_KERNELS
+    assert "each compiler call stopped after 4 s" in result.stderr  # said before it waits
+    assert "still building small_gemm.c after 1 s" in result.stderr  # its first call
+    assert "did not finish building small_gemm.c within 4 s and was stopped" in result.stderr
+    assert result.stderr.count(INSTEAD) == 1
+    assert not Path(f"/proc/{pid_file.read_text().strip()}").exists()  # no compiler left
+    assert not leftovers(tmp_path / "root")
 
 
 @pytest.mark.parametrize(
@@ -106,20 +185,30 @@ def test_the_kernels_are_built_once_loaded_from_the_cache_and_rebuilt_if_tampere
     ids=["no-c-compiler", "no-c++-compiler", "c++-compiler-fails"],
 )
 def test_without_the_kernels_torch_runs_instead_and_a_warning_says_why(tmp_path, env, reason):
-    result = run(tmp_path, **env)
+    result = run(tmp_path / "root", **env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == WITHOUT_KERNELS
     assert INSTEAD in result.stderr and reason in result.stderr
     assert result.stderr.count(INSTEAD) == 1  # once per process, not per call
-    assert not list(kernel_folder(tmp_path).glob("ops-*.so"))
+    assert not list(kernel_folder(tmp_path / "root").glob("ops-*.so"))
+    assert not leftovers(tmp_path / "root")
 
 
-def test_a_cache_folder_other_users_can_write_is_not_used(tmp_path):
-    folder = kernel_folder(tmp_path)
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a folder to another user needs root")
+@pytest.mark.parametrize("owner", ["writable-folder", "foreign-root"])
+def test_a_cache_other_users_could_write_is_not_used_and_nothing_is_left(tmp_path, owner):
+    cache = tmp_path / "root"
+    folder = kernel_folder(cache)
     folder.mkdir(parents=True)
-    os.chmod(folder, 0o777)
-    result = run(tmp_path)
+    if owner == "writable-folder":
+        os.chmod(folder, 0o777)
+    else:
+        os.chmod(cache, 0o755)
+        os.chown(cache, OTHER_UID, OTHER_UID)
+    result = run(cache)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == WITH_KERNELS
-    assert "writable by other users; building the kernels in a private temporary" in (result.stderr)
-    assert not list(folder.iterdir())
+    assert "kernel cache not used" in result.stderr
+    assert "building the kernels in a private temporary folder" in result.stderr
+    assert not list(folder.iterdir())  # nothing written there
+    assert not leftovers(cache)  # and the temporary folder is gone

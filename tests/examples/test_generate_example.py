@@ -73,7 +73,10 @@ def example(monkeypatch) -> Callable[..., int]:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--max-new-tokens", "0"], "argument --max-new-tokens: expected an integer >= 1"),
+        (
+            ["--max-new-tokens", "0"],
+            "argument --max-new-tokens: expected an integer from 1 to 2147483647",
+        ),
         (["--prompt", "1,256"], "prompt 0 has token id 256, outside the vocabulary of 256"),
         (["--prompt", "1,2", "--prompt", "3,-1"], "prompt 1 has token id -1"),
         (["--prompt", "1", "--max-new-tokens", "600"], "over max_model_len 512"),

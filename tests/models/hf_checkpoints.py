@@ -67,6 +67,34 @@ SPECS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+#: Length-extending RoPE types (tests/models/test_rope_scaling.py), apart from SPECS:
+#: transformers' ``dynamic`` logits of a whole sequence recomputed at once differ from
+#: those of its generation with a KV cache, which is what slotwise reproduces.
+ROPE_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
+    # NTK-scaled RoPE: the base grows with the sequence once it passes 32 tokens.
+    "llama-dynamic": (
+        "LlamaConfig",
+        {
+            "max_position_embeddings": 32,
+            "rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0},
+        },
+    ),
+    # YaRN over an original context of 32 tokens, stretched to 128.
+    "llama-yarn": (
+        "LlamaConfig",
+        {
+            "max_position_embeddings": 128,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        },
+    ),
+}
+
+
 def make_checkpoint(
     name: str,
     folder: Path,
@@ -78,7 +106,7 @@ def make_checkpoint(
     """Save a random model of spec ``name`` into ``folder``; returns ``folder``."""
     import transformers
 
-    config_class, fields = SPECS[name]
+    config_class, fields = {**SPECS, **ROPE_SPECS}[name]
     config = getattr(transformers, config_class)(**{**SMALL, **fields})
     config.architectures = [config_class.replace("Config", "ForCausalLM")]
     torch.manual_seed(seed)
@@ -110,6 +138,23 @@ def _transformers_model(folder: Path) -> torch.nn.Module:
 
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     return model.eval()
+
+
+def reference_greedy(folder: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' greedy continuation of ``prompt`` (with its KV cache, as
+    ``generate`` runs; shorter where it ends in an end-of-sequence token), from a
+    freshly loaded model: transformers' dynamic RoPE keeps state between calls."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def run_steps(

@@ -116,8 +116,26 @@ def test_a_sliding_window_caps_the_request_length(fields, max_position, caplog):
             "original_max_position_embeddings": 64,
         },
         {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0},
+        {
+            "rope_type": "yarn",
+            "rope_theta": 1e4,
+            "factor": 4.0,
+            "original_max_position_embeddings": 512,
+        },
+        {
+            "rope_type": "yarn",
+            "rope_theta": 1e6,
+            "factor": 8.0,
+            "original_max_position_embeddings": 64,
+            "beta_fast": 16,
+            "beta_slow": 2,
+            "mscale": 1.0,
+            "mscale_all_dim": 0.5,
+            "truncate": False,
+        },
+        {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0},
     ],
-    ids=["llama3", "linear"],
+    ids=["llama3", "linear", "yarn", "yarn-options", "dynamic"],
 )
 def test_rope_scaling_gives_transformers_frequencies(rope_parameters):
     transformers = pytest.importorskip("transformers")
@@ -125,11 +143,29 @@ def test_rope_scaling_gives_transformers_frequencies(rope_parameters):
 
     fields = {k: v for k, v in BASE.items() if k != "architectures"}
     reference = transformers.LlamaConfig(**fields, rope_parameters=dict(rope_parameters))
-    expected, _ = ROPE_INIT_FUNCTIONS[rope_parameters["rope_type"]](reference, "cpu")
+    expected, attention_factor = ROPE_INIT_FUNCTIONS[rope_parameters["rope_type"]](reference, "cpu")
     _, scaling = hf(rope_parameters=rope_parameters).rope(4096)
     assert scaling is not None
-    inv_freq = 1.0 / (rope_parameters["rope_theta"] ** (torch.arange(0, 16, 2).float() / 16))
-    torch.testing.assert_close(scaling.apply(inv_freq), expected, rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        scaling.inv_freq(rope_parameters["rope_theta"], 16), expected, rtol=1e-6, atol=0
+    )
+    assert scaling.attention_factor == pytest.approx(attention_factor, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "rope_parameters, context",
+    [
+        ({"rope_type": "linear", "factor": 4.0}, 4 * 4096),
+        ({"rope_type": "dynamic", "factor": 2.0}, 2 * 4096),
+        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}, 8192),
+        ({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 1024}, 4096),
+        ({"rope_type": "llama3", **LLAMA3, "original_max_position_embeddings": 1024}, 4096),
+    ],
+)
+def test_scaled_rope_serves_the_stretched_context(rope_parameters, context):
+    assert LlamaForCausalLM.config_from_hf(hf(rope_parameters=rope_parameters)).max_position == (
+        context
+    )
 
 
 def test_importing_slotwise_models_imports_neither_torch_nor_safetensors():

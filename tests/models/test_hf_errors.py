@@ -142,8 +142,8 @@ def test_a_dtype_the_platform_does_not_support(folder):
 @pytest.mark.parametrize(
     "rope, expected",
     [
-        ({"rope_type": "yarn", "factor": 4.0}, "rope type 'yarn' is not supported"),
-        ({"rope_type": "dynamic", "factor": 2.0}, "rope type 'dynamic' is not supported"),
+        ({"rope_type": "longrope", "factor": 4.0}, "rope type 'longrope' is not supported"),
+        ({"rope_type": "su", "factor": 2.0}, "rope type 'su' is not supported"),
         ({"rope_type": "llama3", "factor": 8.0}, "rope type 'llama3' needs the field"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor is 0.5"),
     ],
@@ -157,3 +157,64 @@ def test_unsupported_rope(folder, rope, expected):
 def test_quantized_checkpoint(folder):
     edit_config(folder, lambda c: c.update(quantization_config={"quant_method": "gptq"}))
     assert "quantized checkpoints are not supported" in load_error(folder)
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        # What an audit found loading and generating token 0, or ending in a traceback.
+        (
+            {"rope_parameters": {"rope_type": "linear", "factor": 0}},
+            "'rope_parameters.factor' is 0",
+        ),
+        ({"rms_norm_eps": float("nan")}, "field 'rms_norm_eps' is nan; expected a finite number"),
+        ({"rms_norm_eps": -1e-6}, "field 'rms_norm_eps' is -1e-06"),
+        ({"vocab_size": -1}, "field 'vocab_size' is -1; expected an integer from 1 to 16777216"),
+        ({"num_attention_heads": 0}, "field 'num_attention_heads' is 0"),
+        ({"num_key_value_heads": 0}, "field 'num_key_value_heads' is 0"),
+        ({"num_key_value_heads": 3}, "field 'num_key_value_heads' is 3; expected a divisor of"),
+        ({"intermediate_size": 0}, "field 'intermediate_size' is 0"),
+        ({"rope_theta": "1e4", "rope_parameters": None}, "field 'rope_theta' is '1e4'"),
+        ({"rope_parameters": [1, 2]}, "field 'rope_parameters' is [1, 2]; expected a JSON object"),
+        ({"max_position_embeddings": 1e9}, "field 'max_position_embeddings' is 1000000000.0"),
+        (
+            {"max_position_embeddings": 2**62},
+            "field 'max_position_embeddings' is 4611686018427387904",
+        ),
+        ({"max_position_embeddings": -1}, "field 'max_position_embeddings' is -1"),
+        ({"max_position_embeddings": 10**12}, "field 'max_position_embeddings' is 1000000000000"),
+        ({"architectures": ["MistralForCausalLM"], "sliding_window": -5}, "'sliding_window' is -5"),
+        (
+            {"hidden_size": 62, "head_dim": None},
+            "hidden_size (62) is not a multiple of num_attention_heads (4)",
+        ),
+        ({"head_dim": 0}, "field 'head_dim' is 0"),
+    ],
+)
+def test_a_config_value_out_of_range_names_the_field_and_what_is_allowed(folder, edit, expected):
+    edit_config(folder, lambda c: c.update(edit))
+    message = load_error(folder)
+    assert f"{folder / 'config.json'}: " in message and expected in message
+    assert "\n" not in message
+
+
+def test_a_config_nested_200000_deep_is_refused_without_recursion(folder):
+    (folder / "config.json").write_text('{"a": ' + "[" * 200_000 + "]" * 200_000 + "}")
+    assert "config.json: nests 200001 levels deep" in load_error(folder)
+
+
+def test_a_weight_shape_that_disagrees_with_config_fails_before_any_allocation(folder):
+    # 2^24 rows of 64 floats would be 4 GB; the headers refuse it first.
+    edit_config(folder, lambda c: c.update(vocab_size=1 << 24))
+    assert "model.embed_tokens.weight has shape [300, 64], expected [16777216, 64]" in (
+        load_error(folder)
+    )
+
+
+def test_max_model_len_sizes_the_rotary_table(folder):
+    model = load_model(folder, compilation_config=LEVEL0, max_model_len=40)
+    assert model.config.max_position == 40
+    assert model.model.rotary_emb.cos_sin_cache.shape[0] == 40
+    assert "max_model_len 257 is not an integer from 1 to 256" in load_error(
+        folder, max_model_len=257
+    )

@@ -61,8 +61,8 @@ def test_presets_have_the_advertised_sizes():
     with torch.device("meta"):
         small = build_llama("small", compilation_config=CompilationConfig(level=0), device="meta")
     assert 25e6 < small.num_parameters() < 35e6
-    assert PRESETS["llama-3.2-1b"].num_layers == 16
-    assert PRESETS["llama-3.2-1b"].head_size == 64
+    assert PRESETS["1b"].num_layers == 16
+    assert PRESETS["1b"].head_size == 64
     with pytest.raises(ValueError, match="unknown preset 'huge'.*tiny"):
         build_llama("huge")
 

@@ -12,6 +12,7 @@ import transformers
 from hf_tokenizers import STYLES, make_tokenizer
 
 from slotwise.models import CheckpointError
+from slotwise.models.model_files import TEMPLATE_LIMIT
 from slotwise.models.tokenizer import Tokenizer
 
 VOCAB = {"llama3": 300, "qwen2": 300, "mistral": 400}
@@ -163,3 +164,21 @@ def test_no_chat_template_is_a_clear_error(tmp_path):
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="no chat template"):
         Tokenizer.load(folder).apply_chat_template(CHAT)
+
+
+def test_a_chat_template_in_the_config_over_the_limit_is_refused(tmp_path):
+    folder = make_tokenizer(tmp_path, "qwen2")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = "x" * (TEMPLATE_LIMIT + 1)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        CheckpointError, match=r"tokenizer_config\.json \(chat_template\): 1,048,577"
+    ):
+        Tokenizer.load(folder)
+
+
+def test_a_tokenizer_json_that_is_not_utf8_is_named(tmp_path):
+    folder = make_tokenizer(tmp_path, "qwen2")
+    (folder / "tokenizer.json").write_bytes(b"\xff\xfe{}")
+    with pytest.raises(CheckpointError, match=r"tokenizer\.json: not UTF-8 text"):
+        Tokenizer.load(folder)

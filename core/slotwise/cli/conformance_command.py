@@ -6,8 +6,9 @@ NAME, as they would in a vendor's CI.  pytest's configuration is an empty one of
 its own: the caller's pytest.ini, conftest.py files and addopts do not change what
 is checked.  Arguments after ``--`` go to pytest (``-- -k attention -x``).  pytest's
 output streams to stderr; the summary (a table, or JSON with ``--json``) goes to
-stdout.  Exit status: 0 when no check failed, 1 when one did, 2 when the suite
-could not run (the platform is unknown or unavailable, say).
+stdout.  Exit status: 0 when no check failed, 1 when one did (or, with
+``--require-all``, when a check could not run here), 2 when the suite could not run
+(the platform is unknown or unavailable, say).  The verdict names the checks not run.
 """
 
 from __future__ import annotations
@@ -25,7 +26,16 @@ from slotwise.cli.table import format_table
 from slotwise.import_path import resolve_import_path
 from slotwise.plugins.manager import stdout_to_stderr
 from slotwise.testing.conformance import SUITE_DIRECTORY
-from slotwise.testing.conformance.report import CheckSummary, read_report, summarise
+from slotwise.testing.conformance.report import (
+    CheckSummary,
+    TestOutcome,
+    not_run_verdict,
+    read_report,
+    summarise,
+)
+
+#: This command's own options that argparse's REMAINDER may hand over after NAME.
+_OWN_FLAGS = {"--json": "json", "--require-all": "require_all"}
 
 
 def add_parser(commands: Any, name: str) -> None:
@@ -37,6 +47,12 @@ def add_parser(commands: Any, name: str) -> None:
     )
     parser.add_argument("platform", metavar="NAME", help="the platform, as in SLOTWISE_PLATFORM")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--require-all",
+        action="store_true",
+        help="fail (exit status 1) if a check could not run here, e.g. the communicator "
+        "with fewer than 2 visible devices; checks that do not apply still skip",
+    )
     # REMAINDER, not "*": argparse before Python 3.12 rejects `NAME --json -- ARGS` with "*".
     parser.add_argument(
         "pytest_args",
@@ -47,11 +63,10 @@ def add_parser(commands: Any, name: str) -> None:
 
 
 def _split_pytest_args(args: argparse.Namespace) -> list[str]:
-    """pytest's arguments; REMAINDER also hands over this command's --json after NAME."""
+    """pytest's arguments; REMAINDER also hands over this command's flags after NAME."""
     extra = list(args.pytest_args)
-    while extra[:1] == ["--json"]:
-        args.json = True
-        extra.pop(0)
+    while extra and extra[0] in _OWN_FLAGS:
+        setattr(args, _OWN_FLAGS[extra.pop(0)], True)
     return extra[1:] if extra[:1] == ["--"] else extra
 
 
@@ -78,10 +93,11 @@ def run(args: argparse.Namespace) -> int:
             "-p",
             "no:cacheprovider",
             "-q",
+            *(["--slotwise-require-all"] if args.require_all else []),
             *pytest_args,
         ]
         exit_status, output = _stream(command)
-        result = _result(args.platform, exit_status, output, report_path)
+        result = _result(args.platform, exit_status, output, report_path, args.require_all)
     print(json.dumps(result, indent=2) if args.json else render(result))
     if result["error"]:
         return 2
@@ -102,8 +118,10 @@ def _stream(command: list[str]) -> tuple[int, str]:
     return process.returncode, "".join(lines)
 
 
-def _result(platform: str, exit_status: int, output: str, report_path: Path) -> dict[str, Any]:
-    """The run as plain data: per check, its outcome, counts and tests."""
+def _result(
+    platform: str, exit_status: int, output: str, report_path: Path, require_all: bool
+) -> dict[str, Any]:
+    """The run as plain data: per check, its outcome, counts and tests; the checks not run."""
     tests = read_report(report_path)["tests"] if report_path.exists() else []
     checks = summarise(tests)
     error = None
@@ -117,13 +135,36 @@ def _result(platform: str, exit_status: int, output: str, report_path: Path) -> 
             else f"no conformance test ran (pytest exit status {exit_status}): "
             + " | ".join(output.strip().splitlines()[-3:])
         )
+    not_run = [test for test in tests if test.not_run]
+    passed = error is None and all(c.outcome in ("passed", "skipped") for c in checks)
     return {
         "platform": platform,
-        "passed": error is None and all(c.outcome in ("passed", "skipped") for c in checks),
+        "passed": passed and not (require_all and not_run),
         "exit_status": exit_status,
         "error": error,
+        "require_all": require_all,
+        "not_run": [_not_run_data(test) for test in not_run],
+        "verdict": _verdict(checks, not_run, require_all) if error is None else "ERROR",
         "checks": [_check_data(check) for check in checks],
     }
+
+
+def _not_run_data(test: TestOutcome) -> dict[str, str]:
+    return {"check": test.check, "name": test.name, "reason": test.message}
+
+
+def _verdict(checks: list[CheckSummary], not_run: list[TestOutcome], require_all: bool) -> str:
+    """The last line: PASSED or FAILED, the failed checks, and the checks not run here."""
+    bad = [c.check for c in checks if c.outcome in ("failed", "error")]
+    missing = not_run_verdict(not_run)
+    if bad:
+        verdict = f"FAILED: {', '.join(bad)}"
+        return f"{verdict}; {missing}" if missing else verdict
+    if not missing:
+        return "PASSED"
+    if require_all:
+        return f"FAILED, {missing} (--require-all: every check must run)"
+    return f"PASSED, {missing}"
 
 
 #: What resolution advises for a forced platform that is not available; it does not fit
@@ -181,12 +222,14 @@ def _check_data(check: CheckSummary) -> dict[str, Any]:
         "check": check.check,
         "outcome": check.outcome,
         **{outcome: check.count(outcome) for outcome in ("passed", "failed", "skipped", "error")},
+        "not_run": len(check.not_run),
         "tests": [
             {
                 "name": test.name,
                 "outcome": test.outcome,
                 "message": test.message,
                 "duration": round(test.duration, 3),
+                "not_run": test.not_run,
             }
             for test in check.tests
         ],
@@ -197,14 +240,15 @@ def render(result: dict[str, Any]) -> str:
     title = f"slotwise conformance: platform {result['platform']!r}"
     if result["error"]:
         return f"{title}\nthe suite did not run: {result['error']}"
-    header = ["check", "result", "passed", "failed", "skipped", "errors"]
+    header = ["check", "result", "passed", "failed", "skipped", "not run", "errors"]
     rows = [
         [
             c["check"],
-            c["outcome"],
+            "not run" if c["not_run"] and c["outcome"] == "skipped" else c["outcome"],
             str(c["passed"]),
             str(c["failed"]),
-            str(c["skipped"]),
+            str(c["skipped"] - c["not_run"]),
+            str(c["not_run"]),
             str(c["error"]),
         ]
         for c in result["checks"]
@@ -219,20 +263,20 @@ def render(result: dict[str, Any]) -> str:
     if problems:
         lines += ["", "problems:", *problems]
     # Skips of one check usually share their reason: one line per reason.
-    skips = Counter(
-        (c["check"], t["message"])
-        for c in result["checks"]
-        for t in c["tests"]
-        if t["outcome"] == "skipped"
-    )
-    if skips:
-        lines += ["", "skipped:"]
-        lines += [
-            f"  {check} ({n} test{'s' if n > 1 else ''}): {message}"
-            for (check, message), n in skips.items()
-        ]
-    bad = [c["check"] for c in result["checks"] if c["outcome"] in ("failed", "error")]
-    lines += ["", f"FAILED: {', '.join(bad)}" if bad else "PASSED"]
+    for heading, not_run in (("skipped (does not apply):", False), ("not run here:", True)):
+        skips = Counter(
+            (c["check"], t["message"])
+            for c in result["checks"]
+            for t in c["tests"]
+            if t["outcome"] == "skipped" and t["not_run"] == not_run
+        )
+        if skips:
+            lines += ["", heading]
+            lines += [
+                f"  {check} ({n} test{'s' if n > 1 else ''}): {message}"
+                for (check, message), n in skips.items()
+            ]
+    lines += ["", result["verdict"]]
     return "\n".join(lines)
 
 

@@ -10,7 +10,10 @@ from typing import Any
 
 import slotwise
 from slotwise import envs
+from slotwise.attention.registry import get_attention_backend_registry
 from slotwise.cli.table import format_table
+from slotwise.compilation import graph_modes
+from slotwise.custom_op import get_custom_op_registry
 from slotwise.platforms import PlatformError, get_current_platform, plugin_report
 from slotwise.platforms.unspecified import UnspecifiedPlatform
 from slotwise.plugins.manager import stdout_to_stderr
@@ -41,14 +44,26 @@ def collect() -> dict[str, Any]:
     except PlatformError as exc:
         info["error"] = str(exc)
         platform = None
+    # The registration hooks run as a model's first layer would run them, so a plugin
+    # whose hook raises is shown failed here, not selected and found broken later.
+    get_attention_backend_registry()
+    get_custom_op_registry()
     rows = plugin_report()
     info["plugins"] = [row.as_dict() for row in rows]
     if isinstance(platform, UnspecifiedPlatform):
         info["error"] = platform.reason
     elif platform is not None:
-        info["platform"] = platform.name
-        info["selection"] = next((r.reason for r in rows if r.status == "selected"), "")
-        info["devices"] = _devices(platform)
+        row = next((r for r in rows if r.kind == "platform" and r.name == platform.name), None)
+        if row is not None and row.status == "failed":  # in a registration hook, after selection
+            info["error"] = (
+                f"platform {row.name!r} is unusable: plugin {row.plugin!r} (distribution "
+                f"{row.distribution} {row.version}) failed: {row.reason}"
+            )
+        else:
+            info["platform"] = platform.name
+            info["selection"] = row.reason if row is not None else ""
+            info["devices"] = _devices(platform)
+            info["default_graph_mode"] = graph_modes.default_graph_mode_report(platform)
     return info
 
 
@@ -59,35 +74,61 @@ def _distribution_version(name: str) -> str | None:
         return None
 
 
-def _ask(method: Any, *args: Any) -> Any:
-    """A platform answer, or a note that the platform does not implement it."""
-    try:
-        return method(*args)
-    except NotImplementedError:
-        return "not implemented"
-
-
 def _devices(platform: Any) -> dict[str, Any]:
-    count = _ask(platform.device_count)
-    devices: dict[str, Any] = {"count": count, "list": []}
+    """The platform's devices; an answer it cannot give is None, with the reason under
+    ``unanswered`` (method name -> "not implemented" or the error it raised)."""
+    unanswered: dict[str, str] = {}
+
+    def ask(method: str, *args: Any) -> Any:
+        try:
+            return getattr(platform, method)(*args)
+        except NotImplementedError:
+            unanswered[method] = "not implemented"
+        except Exception as exc:  # noqa: BLE001 - one broken answer must not hide the rest
+            unanswered[method] = f"raised {type(exc).__name__}: {exc}"
+        return None
+
+    count = ask("device_count")
+    devices: dict[str, Any] = {"count": count, "list": [], "memory_in_use": None}
     if isinstance(count, int) and count > 0:
         # Devices of one platform in one machine are nearly always alike; show the first.
         devices["list"].append(
             {
                 "index": 0,
-                "name": _ask(platform.get_device_name, 0),
-                "capability": _ask(platform.get_device_capability, 0),
-                "total_memory": _ask(platform.total_memory, 0),
+                "name": ask("get_device_name", 0),
+                "capability": ask("get_device_capability", 0),
+                "total_memory": ask("total_memory", 0),
             }
         )
-        devices["memory_in_use"] = _ask(platform.current_memory_usage, 0)
+        devices["memory_in_use"] = ask("current_memory_usage", 0)
+    devices["unanswered"] = unanswered
     return devices
 
 
-def _bytes(value: Any) -> str:
-    if not isinstance(value, int):
-        return str(value)
+def _bytes(value: int) -> str:
     return f"{value / 1024**3:.1f} GiB" if value >= 1024**3 else f"{value / 1024**2:.0f} MiB"
+
+
+def _device_lines(platform: str, devices: dict[str, Any]) -> list[str]:
+    """What is known of the devices, each fact only when the platform gave it."""
+    lines = []
+    if isinstance(devices["count"], int):
+        for device in devices["list"]:
+            name = device["name"]
+            facts = [f"{devices['count']} x {name}" if name else str(devices["count"])]
+            if isinstance(device["total_memory"], int):
+                facts.append(_bytes(device["total_memory"]))
+            if device["capability"]:
+                facts.append(f"capability {device['capability']}")
+            lines.append("devices  " + ", ".join(facts))
+        if not devices["list"]:
+            lines.append(f"devices  {devices['count']}")
+    if isinstance(devices["memory_in_use"], int):
+        lines.append(f"memory   {_bytes(devices['memory_in_use'])} in use by this process")
+    for method, why in devices["unanswered"].items():
+        by = f"{why} by platform {platform}" if why == "not implemented" else f"{platform} {why}"
+        lines.append(f"unknown  {method} ({by})")
+    return lines
 
 
 def render(info: dict[str, Any]) -> str:
@@ -99,15 +140,8 @@ def render(info: dict[str, Any]) -> str:
     ]
     if info["platform"]:
         lines.append(f"platform {info['platform']}: {info['selection']}")
-        devices = info["devices"]
-        for device in devices["list"]:
-            capability = device["capability"]
-            lines.append(
-                f"devices  {devices['count']} x {device['name']}, {_bytes(device['total_memory'])}"
-                + (f", capability {capability}" if capability else "")
-            )
-        if "memory_in_use" in devices:
-            lines.append(f"memory   {_bytes(devices['memory_in_use'])} in use by this process")
+        lines += _device_lines(info["platform"], info["devices"])
+        lines.append("graphs   {mode} by default: {reason}".format(**info["default_graph_mode"]))
     else:
         lines.append(f"platform none: {info['error']}")
     for name, value in info["environment"].items():

@@ -16,7 +16,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slotwise.cli.arguments import add_tp_argument, float_in, int_at_least
+from slotwise.cli.arguments import (
+    MAX_SEED,
+    MAX_TOKENS,
+    add_tp_argument,
+    float_in,
+    int_in,
+    utf8_text,
+)
 from slotwise.errors import SlotwiseError
 
 if TYPE_CHECKING:
@@ -26,6 +33,11 @@ if TYPE_CHECKING:
     from slotwise.runner.sampling import SamplingParams
 
 DTYPES = ("float32", "bfloat16", "float16")
+#: Temperatures between 0 and this would divide the logits to infinities or 0/0 (a
+#: float32 of 1e-46 is 0): greedy decoding is what they mean, and 0 asks for it.
+MIN_TEMPERATURE = 1e-5
+#: Bound of sane temperatures: at 1e5 sampling is near uniform for any logits a model gives.
+MAX_TEMPERATURE = 1e5
 
 
 class GenerateArgumentError(SlotwiseError):
@@ -47,20 +59,23 @@ def add_parser(commands: Any, name: str) -> None:
         "--prompt",
         required=True,
         action="append",
+        type=utf8_text,
         metavar="TEXT",
-        help="prompt text; repeat for several prompts, which run as one batch",
+        help="prompt text (UTF-8); repeat for several prompts, which run as one batch",
     )
     parser.add_argument(
         "--max-new-tokens",
-        type=int_at_least(1),
+        type=int_in(1, MAX_TOKENS),
         default=64,
-        help="tokens to generate per prompt at most (>= 1, default 64)",
+        help="tokens to generate per prompt at most (>= 1, default 64; the prompt and these "
+        "must fit the model's context)",
     )
     parser.add_argument(
         "--temperature",
-        type=float_in(0),
+        type=float_in(MIN_TEMPERATURE, MAX_TEMPERATURE, zero=True),
         default=0.0,
-        help="sampling temperature (>= 0; default 0: greedy)",
+        help=f"sampling temperature: 0 (the default) is greedy, else from {MIN_TEMPERATURE:g} "
+        f"to {MAX_TEMPERATURE:g}",
     )
     parser.add_argument(
         "--top-p",
@@ -70,12 +85,15 @@ def add_parser(commands: Any, name: str) -> None:
     )
     parser.add_argument(
         "--top-k",
-        type=int_at_least(0),
+        type=int_in(0, MAX_TOKENS),
         default=0,
         help="keep the k most likely tokens (>= 0; default 0: all)",
     )
     parser.add_argument(
-        "--seed", type=int_at_least(0), default=None, help="seed of the sampling (>= 0)"
+        "--seed",
+        type=int_in(0, MAX_SEED),
+        default=None,
+        help="seed of the sampling (0 to 2**64 - 1, what torch.Generator takes)",
     )
     parser.add_argument(
         "--ignore-eos",

@@ -1,9 +1,18 @@
-"""Argument parsing and dispatch for the ``slotwise`` command."""
+"""Argument parsing and dispatch for the ``slotwise`` command.
+
+How every command ends is decided here, once: a slotwise error is one line and exit
+status 2; Ctrl-C, at any point of any command, is one line and exit status 130 (the
+shell's 128 + SIGINT); a reader that stops early (``slotwise generate ... | head``)
+ends the command quietly with exit status 141 (128 + SIGPIPE, what the shell reports
+for any program a closed pipe stops).  No traceback for any of them.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 
 from slotwise import envs
@@ -15,6 +24,7 @@ from slotwise.cli import (
     matrix_command,
     new_plugin_command,
 )
+from slotwise.cli.arguments import ArgumentParser
 from slotwise.errors import EnvironmentVariableError, SlotwiseError
 
 SUBCOMMANDS = {
@@ -25,6 +35,10 @@ SUBCOMMANDS = {
     "conformance": conformance_command,
     "new-plugin": new_plugin_command,
 }
+
+#: Exit statuses of a command interrupted by Ctrl-C and of one whose stdout was closed.
+INTERRUPTED = 128 + signal.SIGINT
+BROKEN_PIPE = 128 + signal.SIGPIPE
 
 
 def configure_logging() -> None:
@@ -40,7 +54,7 @@ def configure_logging() -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="slotwise", description="slotwise: hardware plugin framework for PyTorch inference"
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -50,15 +64,62 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    prog = "slotwise"
+    if sys.stdout is None:  # started with stdout closed (>&-): the answer goes nowhere
+        sys.stdout = open(os.devnull, "w")
     try:
-        envs.validate_all()  # before any work: a typo fails here in one line, not mid-run
-    except EnvironmentVariableError as exc:
-        print(f"slotwise: error: {exc}", file=sys.stderr)
-        return 2
-    configure_logging()
-    args = build_parser().parse_args(argv)
-    try:
-        return SUBCOMMANDS[args.command].run(args)
-    except SlotwiseError as exc:
-        print(f"slotwise {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        try:
+            envs.validate_all()  # before any work: a typo fails here in one line, not mid-run
+        except EnvironmentVariableError as exc:
+            print(f"slotwise: error: {exc}", file=sys.stderr)
+            return 2
+        configure_logging()
+        args = build_parser().parse_args(argv)
+        prog = f"slotwise {args.command}"
+        try:
+            code = SUBCOMMANDS[args.command].run(args)
+        except SlotwiseError as exc:
+            if _during_interrupt(exc):
+                raise KeyboardInterrupt from exc
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return 2
+        except Exception as exc:
+            if _during_interrupt(exc):
+                raise KeyboardInterrupt from exc
+            raise
+        sys.stdout.flush()  # here, where a closed pipe is handled, not at exit
+        return code
+    except KeyboardInterrupt:
+        return _interrupted(prog)
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _during_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while a Ctrl-C was being handled (by a cleanup that
+    failed because of it): the interrupt is what the user should hear about."""
+    seen: set[int] = set()
+    cause = exc.__context__
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__context__
+    return False
+
+
+def _interrupted(prog: str) -> int:
+    # A second Ctrl-C while the interpreter shuts down (joining compile workers, say)
+    # ends it at once, without a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    print(f"{prog}: interrupted", file=sys.stderr)
+    return INTERRUPTED
+
+
+def _stdout_closed() -> int:
+    """Quiet end for a reader that went away: what is still buffered for stdout goes to
+    /dev/null, so the interpreter's own flush at exit cannot fail again and print."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return BROKEN_PIPE

@@ -14,7 +14,9 @@ import hashlib
 import inspect
 import json
 import logging
+import os
 import platform
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -27,6 +29,10 @@ from torch.utils import _pytree as pytree
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.config import CompilationConfig, ConfigError
 from slotwise.compilation.hardware_identity import gpu_identity
+from slotwise.compilation.inductor_cache_dir import (
+    place_inductor_cache,
+    place_precompiled_headers,
+)
 from slotwise.compilation.isa_probe_cache import install_isa_probe_cache
 from slotwise.compilation.traced_inputs import traced_inputs
 from slotwise.import_path import resolve_import_path
@@ -113,6 +119,8 @@ class InductorCompiler(Compiler):
 
     def __init__(self, config: CompilationConfig) -> None:
         super().__init__(config)
+        # Before Inductor is imported, which fixes its folder at the default when unset.
+        place_inductor_cache(config.resolved_cache_dir if config.cache_enabled else None)
         import torch._inductor  # costly: only when Inductor is chosen
 
         if not hasattr(torch._inductor, "standalone_compile"):
@@ -132,6 +140,9 @@ class InductorCompiler(Compiler):
                 f"compilation config key 'inductor_config': {err}; accepted: option names of "
                 "torch._inductor.config"
             ) from None
+        place_precompiled_headers()
+        if _platform_device_type() == "cpu":
+            _check_cpp_compiler(config, self.options)
 
     def compute_hash(self) -> str:
         factors = {
@@ -196,6 +207,35 @@ class InductorCompiler(Compiler):
 
         artifact = CompiledArtifact.load(path=path, format="binary")
         return _unflattening(artifact, _output_spec(graph))
+
+
+def _platform_device_type() -> str:
+    from slotwise.platforms import get_current_platform
+
+    return get_current_platform().device_type
+
+
+def _check_cpp_compiler(config: CompilationConfig, options: dict[str, Any]) -> None:
+    """Stop before the first compile when no C++ compiler Inductor would use is on the
+    PATH: Inductor's CPU code is C++, and it would fail deep inside the first compile
+    with an InvalidCxxCompiler traceback."""
+    from torch._inductor import config as inductor_config
+
+    with inductor_config.patch(options):
+        searched = inductor_config.cpp.cxx
+    candidates = searched if isinstance(searched, (list, tuple)) else (searched,)
+    names = [name for name in candidates if name]
+    if any(shutil.which(name) for name in names):
+        return
+    if None in candidates and os.environ.get("TORCH_INDUCTOR_INSTALL_GXX"):
+        return  # Inductor installs g++ through conda itself
+    shown = " or ".join(repr(name) for name in names) or "none configured"
+    raise ConfigError(
+        f"compilation level {config.level.value} with the Inductor backend on the CPU needs "
+        f"a C++ compiler, and {shown} (torch._inductor.config.cpp.cxx, from $CXX) is not "
+        "on the PATH: install g++ (or point CXX at a C++ compiler), or compile at level 0 "
+        "(-O0 or SLOTWISE_COMPILATION_CONFIG='{\"level\": 0}')"
+    )
 
 
 def _donation(standalone_compile: Callable[..., Any], *, donate: bool) -> dict[str, bool]:

@@ -18,9 +18,9 @@ import json
 import math
 import os
 import re
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any, TypeVar
 
 from slotwise import envs
@@ -45,6 +45,9 @@ MAX_GRAPH_WARMUPS = 100
 #: Deepest nesting of lists and objects in an ``inductor_config`` value; Inductor's own
 #: options nest two levels at most, and a list that contains itself would never end.
 MAX_JSON_DEPTH = 16
+#: Largest compilation config file read: a real one is a few hundred bytes, and a path
+#: such as /dev/zero must not be read until memory runs out.
+MAX_CONFIG_FILE_BYTES = 1024 * 1024
 
 _OP_NAME = re.compile(r"[A-Za-z_]\w*::[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?")
 _CUSTOM_OP_TOGGLE = re.compile(r"[+-][A-Za-z_][\w.]*")
@@ -292,7 +295,8 @@ class CompilationConfig:
     #: Sizes whose static graphs are captured; None derives them from max_capture_size.
     capture_sizes: list[int] | None = None
     max_capture_size: int | None = None
-    #: None leaves the choice to the platform.
+    #: None takes ``graph_modes.default_graph_mode``: FULL_AND_PIECEWISE where the platform
+    #: has static graphs and the attention may be captured, else PIECEWISE or NONE.
     graph_mode: GraphMode | None = None
     #: Eager runs before capture, so lazy initialisation stays out of the graph.
     graph_warmups: int = 1
@@ -541,7 +545,9 @@ def _read_json_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
     name = os.path.expanduser(os.fspath(path))
     shown = _show(name)
     try:
-        text = Path(name).read_text(encoding="utf-8")
+        text = _read_config_file(name, shown)
+    except ConfigError:
+        raise
     except FileNotFoundError:
         raise ConfigError(f"compilation config file {shown} does not exist") from None
     except (OSError, ValueError) as err:  # ValueError: a NUL in the name, or not UTF-8
@@ -549,6 +555,28 @@ def _read_json_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
         reason = getattr(err, "strerror", None) or err
         raise ConfigError(f"cannot read compilation config file {shown}: {reason}") from err
     return _json_object(text, f"compilation config file {shown}"), shown
+
+
+def _read_config_file(name: str, shown: str) -> str:
+    """The text of the regular file ``name``, at most MAX_CONFIG_FILE_BYTES long.
+
+    Opened without blocking, so a FIFO is refused at once instead of waiting for a writer;
+    a device, socket or folder is refused too (checked on the open file, not the name).
+    """
+    descriptor = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(descriptor, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            raise ConfigError(
+                f"compilation config file {shown} is not a regular file (a folder, device, "
+                "FIFO or socket); point it at a JSON file"
+            )
+        data = file.read(MAX_CONFIG_FILE_BYTES + 1)
+    if len(data) > MAX_CONFIG_FILE_BYTES:
+        raise ConfigError(
+            f"compilation config file {shown} is larger than {MAX_CONFIG_FILE_BYTES} bytes "
+            "(1 MiB); a compilation config is a small JSON object"
+        )
+    return data.decode("utf-8")
 
 
 def _env_data(environ: Mapping[str, str] | None) -> dict[str, Any]:

@@ -4,7 +4,9 @@ Every process that loads or compiles a CPU artifact asks Inductor which vector I
 Inductor answers by starting one Python subprocess per candidate ISA to ``dlopen`` a probe
 library (about 0.3-1 s each on a busy machine). The answer depends only on that library,
 the interpreter that loads it, torch's own libraries and the CPU, so it is stored keyed by
-all four (the library by the SHA-256 of its bytes): any change asks again.
+all four (the library by the SHA-256 of its bytes): any change asks again. The answers
+live in the compile cache root and follow its trust rule: under a root another user could
+have written, nothing is read or written, and Inductor probes as it would without slotwise.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ _installed_root: str | None = None
 def install_isa_probe_cache(cache_root: str) -> None:
     """Answer Inductor's ISA probes from ``cache_root/isa_probe`` (once per process).
 
-    Does nothing, with a debug line, on a torch whose probe is not the one this wraps.
+    Does nothing, with a debug line, on a torch whose probe is not the one this wraps, and
+    with an info line when ``cache_root`` or its ``isa_probe`` folder is not trusted (the
+    warning that the root is refused comes from where Inductor's caches are placed).
     """
     global _installed_root
     if _installed_root is not None:
@@ -51,10 +55,22 @@ def install_isa_probe_cache(cache_root: str) -> None:
         )
         return
     _installed_root = cache_root
-    cpu_vec_isa.VecISA._probe_load = _cached_probe(probe, os.path.join(cache_root, "isa_probe"))
+    root = os.path.abspath(os.path.expanduser(cache_root))
+    folder = os.path.join(root, "isa_probe")
+    reason = untrusted_directory(folder, root)
+    if reason is not None:
+        logger.info(
+            "ISA probe answers are not cached: %s; Inductor probes the CPU's vector ISAs "
+            "in every process (a second or so)",
+            reason,
+        )
+        return
+    cpu_vec_isa.VecISA._probe_load = _cached_probe(probe, folder, root)
 
 
-def _cached_probe(probe: Callable[[Any, str], bool], folder: str) -> Callable[[Any, str], bool]:
+def _cached_probe(
+    probe: Callable[[Any, str], bool], folder: str, root: str
+) -> Callable[[Any, str], bool]:
     @functools.wraps(probe)
     def probe_load(self: Any, output_path: str) -> bool:
         try:
@@ -62,11 +78,11 @@ def _cached_probe(probe: Callable[[Any, str], bool], folder: str) -> Callable[[A
         except OSError:
             return probe(self, output_path)
         path = os.path.join(folder, f"{key}.json")
-        known = _read_answer(path, folder)
+        known = _read_answer(path, folder, root)
         if known is not None:
             return known
         answer = probe(self, output_path)
-        _write_answer(path, folder, answer)
+        _write_answer(path, folder, root, answer)
         return answer
 
     return probe_load
@@ -90,8 +106,8 @@ def _probe_key(isa: str, library: str) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
 
 
-def _read_answer(path: str, folder: str) -> bool | None:
-    if not os.path.isfile(path) or untrusted_directory(folder, os.path.dirname(folder)):
+def _read_answer(path: str, folder: str, root: str) -> bool | None:
+    if not os.path.isfile(path) or untrusted_directory(folder, root):
         return None
     try:
         answer = json.loads(read_trusted_file(path))["ok"]
@@ -101,11 +117,13 @@ def _read_answer(path: str, folder: str) -> bool | None:
     return answer if isinstance(answer, bool) else None
 
 
-def _write_answer(path: str, folder: str, answer: bool) -> None:
-
+def _write_answer(path: str, folder: str, root: str, answer: bool) -> None:
+    """Write the answer only into a trusted tree: checked before creating anything (an
+    untrusted root gets no new folder) and again after (one created meanwhile)."""
     try:
-        make_private_directories(folder)
-        if untrusted_directory(folder, os.path.dirname(folder)) is None:
-            write_atomically(path, json.dumps({"ok": answer}).encode("utf-8"))
+        if untrusted_directory(folder, root) is None:
+            make_private_directories(folder)
+            if untrusted_directory(folder, root) is None:
+                write_atomically(path, json.dumps({"ok": answer}).encode("utf-8"))
     except OSError as err:
         logger.debug("ISA probe answer not cached at %s: %s", path, err)

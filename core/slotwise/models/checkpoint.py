@@ -5,12 +5,15 @@ listed by ``model.safetensors.index.json``.  Each file is opened with safetensor
 ``safe_open``, which memory-maps it and parses only its header; a tensor's bytes
 are read when a slice of it is indexed, so a tensor-parallel rank that indexes its
 rows or columns reads just those.  Opening checks every header, so a truncated or
-corrupt file fails before any weight is read.
+corrupt file fails before any weight is read.  Every file must be a regular file of
+the model (:func:`slotwise.models.model_files.model_file`): a shard linked to a
+device or to a file elsewhere is refused before it is mapped.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from slotwise.models.errors import CheckpointError
+from slotwise.models.model_files import JSON_LIMIT, model_file, read_model_file
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -55,8 +59,8 @@ class Checkpoint:
         self._handles: dict[Path, Any] = {}
         self._stack = ExitStack()
         try:
-            for path, names in self._layout().items():
-                self._open(path, names)
+            for file, names in self._layout().items():
+                self._open(file, names)
         except BaseException:
             self._stack.close()
             raise
@@ -70,14 +74,15 @@ class Checkpoint:
     def tensor(self, name: str) -> CheckpointTensor:
         return CheckpointTensor(self, name, self._handles[self.files[name]].get_slice(name))
 
-    def _layout(self) -> dict[Path, list[str] | None]:
-        """Each file to open and the tensors the index places in it (None: all of them)."""
+    def _layout(self) -> dict[str, list[str] | None]:
+        """Each file to open, by its name in the folder, and the tensors the index places
+        in it (None: all of them)."""
         index = self.folder / INDEX_FILE
-        if index.is_file():
+        if os.path.lexists(index):
             return self._read_index(index)
         single = self.folder / SINGLE_FILE
-        if single.is_file():
-            return {single: None}
+        if os.path.lexists(single):
+            return {SINGLE_FILE: None}
         found = sorted(
             p.name for p in self.folder.iterdir() if p.suffix in (".safetensors", ".bin")
         )
@@ -87,32 +92,36 @@ class Checkpoint:
             "safetensors checkpoints (save_pretrained writes them; convert *.bin files first)"
         )
 
-    def _read_index(self, index: Path) -> dict[Path, list[str] | None]:
+    def _read_index(self, index: Path) -> dict[str, list[str] | None]:
+        data = read_model_file(self.folder, INDEX_FILE, limit=JSON_LIMIT)
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = json.loads(data)["weight_map"]
             if not isinstance(weight_map, dict):
                 raise TypeError("weight_map is not an object")
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+            if not all(isinstance(file, str) for file in weight_map.values()):
+                raise TypeError("a shard name is not a string")
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as exc:
             raise CheckpointError(
                 f"{index}: not a safetensors index ({type(exc).__name__}: {exc}); it must be "
                 'JSON with a "weight_map" from tensor names to shard files; save it again'
             ) from exc
-        layout: dict[Path, list[str] | None] = {}
+        layout: dict[str, list[str] | None] = {}
         for name, file in weight_map.items():
-            path = self.folder / file
-            if not path.is_file():
+            if not os.path.lexists(self.folder / file):
                 raise CheckpointError(
                     f"{index}: names shard {file} (for tensor {name}), which is not in "
                     f"{self.folder}; download the missing shard or save the checkpoint again"
                 )
-            names = layout.setdefault(path, [])
+            names = layout.setdefault(file, [])
             assert names is not None
             names.append(name)
         return layout
 
-    def _open(self, path: Path, names: list[str] | None) -> None:
+    def _open(self, file: str, names: list[str] | None) -> None:
+        path = self.folder / file
+        target = model_file(self.folder, file)  # memory-mapped: no size limit
         try:
-            handle = self._stack.enter_context(safe_open(path, framework="pt"))
+            handle = self._stack.enter_context(safe_open(target, framework="pt"))
         except (SafetensorError, OSError) as exc:
             raise CheckpointError(
                 f"{path}: not a readable safetensors file ({exc}); it is truncated or "

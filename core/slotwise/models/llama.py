@@ -69,7 +69,7 @@ class LlamaConfig:
 
     @property
     def head_size(self) -> int:
-        return self.head_dim or self.hidden_size // self.num_heads
+        return self.hidden_size // self.num_heads if self.head_dim is None else self.head_dim
 
 
 PRESETS: dict[str, LlamaConfig] = {
@@ -95,7 +95,7 @@ PRESETS: dict[str, LlamaConfig] = {
         rms_norm_eps=1e-5,
     ),
     # Llama-3.2-1B's shapes (1.24B parameters); the rotary table is cut to 8192 positions.
-    "llama-3.2-1b": LlamaConfig(
+    "1b": LlamaConfig(
         vocab_size=128256,
         hidden_size=2048,
         intermediate_size=8192,
@@ -256,36 +256,11 @@ class LlamaForCausalLM(nn.Module):
 
     @classmethod
     def config_from_hf(cls, hf: HFConfig) -> LlamaConfig:
-        """The config of transformers' ``LlamaForCausalLM``; subclasses adjust it."""
-        if hf.get("hidden_act", "silu") != "silu":
-            raise hf.error(f"hidden_act {hf.get('hidden_act')!r} is not supported; only 'silu'")
-        if hf.get("quantization_config") is not None:
-            raise hf.error("quantized checkpoints are not supported; use unquantized weights")
-        num_heads = hf.integer("num_attention_heads")
-        num_layers = hf.integer("num_hidden_layers")
-        max_position = hf.max_position(num_layers)
-        rope_theta, rope_scaling = hf.rope(hf.integer("max_position_embeddings"))
-        attention_bias = hf.flag("attention_bias", False)
-        bos = hf.token_ids("bos_token_id")
-        return LlamaConfig(
-            vocab_size=hf.integer("vocab_size"),
-            hidden_size=hf.integer("hidden_size"),
-            intermediate_size=hf.integer("intermediate_size"),
-            num_layers=num_layers,
-            num_heads=num_heads,
-            num_kv_heads=hf.integer("num_key_value_heads", num_heads),
-            max_position=max_position,
-            rope_theta=rope_theta,
-            rope_scaling=rope_scaling,
-            rms_norm_eps=hf.number("rms_norm_eps", 1e-6),
-            tie_word_embeddings=hf.flag("tie_word_embeddings", False),
-            head_dim=hf.integer("head_dim", None),
-            qkv_bias=attention_bias,
-            o_proj_bias=attention_bias,
-            mlp_bias=hf.flag("mlp_bias", False),
-            bos_token_id=bos[0] if bos else None,
-            eos_token_ids=hf.token_ids("eos_token_id"),
-        )
+        """The config of transformers' ``LlamaForCausalLM``, checked whole by
+        ``llama_config``; subclasses adjust it."""
+        from slotwise.models.hf_config import llama_config
+
+        return llama_config(hf)
 
     def is_redundant_tensor(self, name: str) -> bool:
         """Checkpoint tensors the model derives rather than loads: rotary tables some
@@ -305,6 +280,22 @@ class LlamaForCausalLM(nn.Module):
     ) -> Self:
         """The model with uninitialised weights in ``dtype`` on ``device``: built on the
         meta device, then given memory, so nothing is drawn that loading overwrites."""
+        model = cls.on_meta(
+            config, dtype=dtype, compilation_config=compilation_config, prefix=prefix
+        )
+        return model.materialize(device)
+
+    @classmethod
+    def on_meta(
+        cls,
+        config: LlamaConfig,
+        *,
+        dtype: torch.dtype = torch.float32,
+        compilation_config: object = None,
+        prefix: str | None = None,
+    ) -> Self:
+        """The model on the meta device: every shape, no memory, so a checkpoint can be
+        checked against it before anything is allocated."""
         from slotwise.compilation.config import CompilationConfig
         from slotwise.compilation.context import (
             get_current_compilation_config,
@@ -317,16 +308,19 @@ class LlamaForCausalLM(nn.Module):
             else CompilationConfig.coerce(compilation_config)
         )
         with set_compilation_config(compilation), torch.device("meta"), _default_dtype(dtype):
-            model = cls(config, prefix=prefix)
+            return cls(config, prefix=prefix)
+
+    def materialize(self, device: torch.device | str) -> Self:
+        """This meta model given (uninitialised) memory on ``device``, rotary tables filled."""
         # to_empty's empty_like on meta tensors runs torch's Python reference kernels,
         # whose first use imports sympy (0.4 s of start-up); a plain empty does not.
-        model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
-        model.tie_weights()  # each module was given its own new parameter
+        self._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+        self.tie_weights()  # each module was given its own new parameter
         with torch.no_grad():
-            for module in model.modules():
+            for module in self.modules():
                 if isinstance(module, RotaryEmbedding):
                     module.cos_sin_cache.copy_(module.compute_cos_sin_cache())
-        return model.eval().requires_grad_(False)  # an inference model: no autograd state
+        return self.eval().requires_grad_(False)  # an inference model: no autograd state
 
 
 @contextmanager

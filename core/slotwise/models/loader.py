@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -37,34 +37,34 @@ def load_model(
     dtype: torch.dtype | str | None = None,
     device: torch.device | str | None = None,
     compilation_config: object = None,
+    max_model_len: int | None = None,
 ) -> LlamaForCausalLM:
     """The model saved in folder ``path`` (config.json and safetensors files).
 
     ``dtype``: the weights' dtype (default: config.json's ``dtype``, else float32);
-    ``device``: default the current platform's.  Under tensor parallelism
-    (``init_distributed``) each rank reads only its shard of the weights.
+    ``device``: default the current platform's; ``max_model_len``: the longest request
+    (prompt and continuation) to serve, which sizes the rotary table (default: the
+    context config.json allows).  Under tensor parallelism (``init_distributed``) each
+    rank reads only its shard of the weights.
     """
     start = time.perf_counter()
     folder = Path(path)
     hf = HFConfig.read(folder)
     cls = model_class(hf)
-    config = cls.config_from_hf(hf)
+    config = _served(cls.config_from_hf(hf), max_model_len, hf)
     dtype = _model_dtype(dtype, hf)
     _check_tensor_parallel(hf, config)
     with Checkpoint(folder) as checkpoint:
         try:
-            model = cls.empty(
-                config,
-                dtype=dtype,
-                device=device or get_current_platform().device_type,
-                compilation_config=compilation_config,
-            )
+            model = cls.on_meta(config, dtype=dtype, compilation_config=compilation_config)
         except AttentionBackendError as exc:
             raise CheckpointError(
                 f"{folder}: the platform cannot run this model's attention in {dtype} "
                 f"(head_dim {config.head_size}); pass load_model(..., dtype=...) with a dtype "
                 f"it supports: {exc}"
             ) from exc
+        check_weights(model, checkpoint)  # before any memory: sizes come from config.json
+        model.materialize(device or get_current_platform().device_type)
         # Before the weights are written: memory the platform maps its own way from the
         # first write on costs nothing to move.
         get_current_platform().advise_resident_memory([*model.parameters(), *model.buffers()])
@@ -81,14 +81,37 @@ def load_model(
     return model
 
 
+def _served(config: LlamaConfig, max_model_len: int | None, hf: HFConfig) -> LlamaConfig:
+    """``config`` limited to ``max_model_len`` tokens, which must fit its context."""
+    if max_model_len is None:
+        return config
+    if (
+        not isinstance(max_model_len, int)
+        or isinstance(max_model_len, bool)
+        or not 1 <= max_model_len <= config.max_position
+    ):
+        raise CheckpointError(
+            f"max_model_len {max_model_len!r} is not an integer from 1 to "
+            f"{config.max_position}, the context {hf.path} allows; pass one in that range"
+        )
+    return replace(config, max_position=max_model_len)
+
+
+def check_weights(model: LlamaForCausalLM, checkpoint: Checkpoint) -> None:
+    """Check every tensor's name, shape and dtype from the file headers alone; ``model``
+    may still be on the meta device."""
+    targets = _targets(model)
+    _check_names(model, checkpoint, targets)
+    for name, target in targets.items():
+        _check_tensor(checkpoint.tensor(name), target.shape())
+
+
 def load_weights(model: LlamaForCausalLM, checkpoint: Checkpoint) -> None:
     """Fill every parameter of ``model`` from ``checkpoint``: all tensors are checked
     first, then each is read, this rank's slice only."""
+    check_weights(model, checkpoint)
     targets = _targets(model)
     tensors = {name: checkpoint.tensor(name) for name in checkpoint.files}
-    _check_names(model, checkpoint, targets)
-    for name, target in targets.items():
-        _check_tensor(tensors[name], target.shape())
     with torch.no_grad():
         for name in sorted(targets, key=lambda n: (checkpoint.files[n], n)):
             targets[name].load(tensors[name])

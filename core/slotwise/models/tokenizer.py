@@ -9,23 +9,31 @@ post-processor as it is and ignores tokenizer_config.json's ``add_bos_token`` an
 names of the special tokens and the chat template; generation_config.json the ids
 generation stops at.
 
-Importing this module imports ``tokenizers`` and ``jinja2`` (not torch): the CLI
-imports it inside its commands only.
+Every file is read through :mod:`slotwise.models.model_files` (a regular file of the
+model, within a size limit) and the chat template is rendered by
+:mod:`slotwise.models.chat_template` (sandboxed and bounded).  Importing this module
+imports ``tokenizers`` and ``jinja2`` (not torch): the CLI imports it inside its
+commands only.
 """
 
 from __future__ import annotations
 
-import datetime
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import tokenizers
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from slotwise.models.chat_template import render_chat_template
 from slotwise.models.errors import CheckpointError
+from slotwise.models.model_files import (
+    JSON_LIMIT,
+    TEMPLATE_LIMIT,
+    TOKENIZER_LIMIT,
+    read_model_file,
+)
 
 #: One message of a chat: {"role": "user", "content": "..."}.
 Message = Mapping[str, Any]
@@ -43,6 +51,7 @@ class Tokenizer:
         eos_token: str | None = None,
         eos_token_ids: Sequence[int] = (),
         chat_template: str | None = None,
+        chat_template_origin: str | None = None,
         source: Path | None = None,
     ) -> None:
         self.backend = backend
@@ -53,6 +62,8 @@ class Tokenizer:
         #: else the id of tokenizer_config.json's ``eos_token``.
         self.eos_token_ids = tuple(eos_token_ids)
         self.chat_template = chat_template
+        #: Where the chat template was read, as errors name it.
+        self.chat_template_origin = chat_template_origin or f"{source} (chat template)"
         self.source = source
 
     @classmethod
@@ -61,29 +72,32 @@ class Tokenizer:
         generation_config.json and chat_template.jinja where present)."""
         folder = Path(folder)
         path = folder / "tokenizer.json"
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise CheckpointError(
                 f"{path}: missing; slotwise reads the tokenizer from tokenizer.json, the file "
                 "transformers' fast tokenizers save (save_pretrained writes it)"
             )
+        text = _read_text(folder, "tokenizer.json", TOKENIZER_LIMIT)
         try:
-            backend = tokenizers.Tokenizer.from_file(str(path))
+            backend = tokenizers.Tokenizer.from_str(text)
         except Exception as exc:  # tokenizers raises a bare Exception for a bad file
             raise CheckpointError(f"{path}: not a tokenizers file ({exc})") from exc
-        config = _read_json(folder / "tokenizer_config.json")
-        generation = _read_json(folder / "generation_config.json")
+        config = _read_json(folder, "tokenizer_config.json")
+        generation = _read_json(folder, "generation_config.json")
         bos_token = _token_text(config.get("bos_token"))
         eos_token = _token_text(config.get("eos_token"))
         eos_ids = _ids(generation.get("eos_token_id"), folder / "generation_config.json")
         if not eos_ids and eos_token is not None:
             eos_id = backend.token_to_id(eos_token)
             eos_ids = () if eos_id is None else (eos_id,)
+        template, origin = _chat_template(folder, config)
         return cls(
             backend,
             bos_token=bos_token,
             eos_token=eos_token,
             eos_token_ids=eos_ids,
-            chat_template=_chat_template(folder, config),
+            chat_template=template,
+            chat_template_origin=origin,
             source=folder,
         )
 
@@ -110,21 +124,21 @@ class Tokenizer:
     ) -> str:
         """``messages`` rendered by the checkpoint's chat template, ending with the start
         of the assistant's turn.  Encode the result with ``add_special_tokens=False``:
-        templates write the BOS token themselves."""
+        templates write the BOS token themselves.  Any failure of the template, or a
+        rendering past its bounds (see :mod:`slotwise.models.chat_template`), is one
+        CheckpointError naming the template."""
         if self.chat_template is None:
             raise CheckpointError(
                 f"{self.source}: no chat template (neither chat_template.jinja nor a "
                 "'chat_template' in tokenizer_config.json); prompt the model without --chat"
             )
-        try:
-            return _compile(self.chat_template).render(
-                messages=list(messages),
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
-            )
-        except jinja2.TemplateError as exc:
-            raise CheckpointError(f"{self.source}: the chat template failed: {exc}") from exc
+        variables = {
+            "messages": list(messages),
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": self.bos_token or "",
+            "eos_token": self.eos_token or "",
+        }
+        return render_chat_template(self.chat_template, self.chat_template_origin, variables)
 
 
 class StreamDecoder:
@@ -165,53 +179,48 @@ class StreamDecoder:
         return text[len(before) :]
 
 
-def raise_exception(message: str) -> None:
-    """Lets templates refuse a conversation they cannot render (``raise_exception(...)``)."""
-    raise jinja2.TemplateError(message)
-
-
-def strftime_now(format: str) -> str:
-    """Today's date for templates that print it (Llama 3.1 and later)."""
-    return datetime.datetime.now().strftime(format)
-
-
-def _tojson(value: Any, indent: int | None = None) -> str:
-    # jinja2's own tojson escapes HTML and sorts keys; templates expect plain JSON.
-    return json.dumps(value, ensure_ascii=False, indent=indent)
-
-
-def _compile(template: str) -> jinja2.Template:
-    # Sandboxed: a chat template comes with a downloaded checkpoint and must not reach
-    # Python internals.  trim_blocks/lstrip_blocks: templates are written for them.
-    environment = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-    )
-    environment.filters["tojson"] = _tojson
-    environment.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
-    return environment.from_string(template)
-
-
-def _chat_template(folder: Path, config: Mapping[str, Any]) -> str | None:
-    """chat_template.jinja (transformers 5 saves it so), else tokenizer_config.json's
-    ``chat_template``: a string, or a list of named templates of which "default"."""
-    path = folder / "chat_template.jinja"
-    if path.is_file():
-        return path.read_text(encoding="utf-8")
+def _chat_template(folder: Path, config: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The template and where it was found: chat_template.jinja (transformers 5 saves it
+    so), else tokenizer_config.json's ``chat_template``: a string, or a list of named
+    templates of which "default"."""
+    if os.path.lexists(folder / "chat_template.jinja"):
+        template = _read_text(folder, "chat_template.jinja", TEMPLATE_LIMIT)
+        return template, str(folder / "chat_template.jinja")
     template = config.get("chat_template")
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")
-    return template if isinstance(template, str) else None
+    if not isinstance(template, str):
+        return None, None
+    origin = f"{folder / 'tokenizer_config.json'} (chat_template)"
+    if len(template) > TEMPLATE_LIMIT:
+        raise CheckpointError(
+            f"{origin}: {len(template):,} characters, over the {TEMPLATE_LIMIT:,} slotwise "
+            "reads as a chat template; it is not the template it should be: download the "
+            "tokenizer files again"
+        )
+    return template, origin
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``; {} when there is no such file."""
-    if not path.is_file():
+def _read_text(folder: Path, name: str, limit: int) -> str:
+    data = read_model_file(folder, name, limit=limit)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(
+            f"{folder / name}: not UTF-8 text ({exc}); download it again"
+        ) from exc
+
+
+def _read_json(folder: Path, name: str) -> dict[str, Any]:
+    """The JSON object in ``folder / name``; {} when there is no such file."""
+    path = folder / name
+    if not os.path.lexists(path):
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: not readable JSON ({exc})") from exc
+        data = json.loads(_read_text(folder, name, JSON_LIMIT))
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise CheckpointError(f"{path}: not readable JSON ({exc}); download it again") from exc
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: holds {type(data).__name__}, not a JSON object")
     return data

@@ -249,6 +249,9 @@ class PlatformResolver:
             if entry.status == "unprobed" and forced is None:
                 self.probe(entry)
             record = entry.plugin
+            if record.status == "failed" and entry.status != "failed":
+                # Failed after its platforms were collected: in a registration hook.
+                entry.status, entry.reason = "failed", record.reason
             rows.append(
                 ReportRow(
                     kind="platform",
@@ -406,7 +409,11 @@ def _resolve(resolver: PlatformResolver) -> Platform:
 
 
 def plugin_report() -> list[ReportRow]:
-    """Every plugin and platform with its status and reason (for `slotwise env`)."""
+    """Every plugin and platform with its status and reason (for `slotwise env`).
+
+    A plugin failed in a registration hook run before this call is reported failed,
+    naming the hook and the error (``slotwise env`` runs those hooks first).
+    """
     try:
         get_current_platform()
     except PlatformError:

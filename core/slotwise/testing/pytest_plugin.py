@@ -38,6 +38,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="also write the conformance results, per check, to PATH as JSON",
     )
+    group.addoption(
+        "--slotwise-require-all",
+        action="store_true",
+        default=False,
+        help="fail the run if a check could not run here (e.g. the communicator with one "
+        "visible device); checks that do not apply to the platform may still skip",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -61,7 +68,12 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args[:] = [str(SUITE_DIRECTORY)]
     report = config.getoption("slotwise_conformance_report")
     config.pluginmanager.register(
-        ConformanceSession(name, Path(report) if report else None, previous_env),
+        ConformanceSession(
+            name,
+            Path(report) if report else None,
+            previous_env,
+            require_all=config.getoption("slotwise_require_all"),
+        ),
         "slotwise-conformance-session",
     )
 

@@ -7,10 +7,14 @@ this CPU (``-march=native``) against the torch this process runs, with the C and
 compilers Inductor already needs on a CPU; only torch's few headers for tensors and op
 registration are compiled (about 6 s, once per user and torch version).
 
-The library is cached per user, keyed by the sources, the compilers, their flags, this
-CPU's features and torch's version.  The cache follows the core's rule for compiled
-code: a folder or file another user could have written is never loaded; the library is
-then built in a private temporary folder.
+The library is cached in the core's compile cache root (``SLOTWISE_CACHE_ROOT``, default
+``~/.cache/slotwise/compile``) under ``cpu-kernels``, keyed by the sources, the compilers,
+their flags, this CPU's features and torch's version, and follows the core's rules for
+compiled code: a folder or file another user could have written is never loaded, and
+each library has a record of its size and SHA-256 beside it, checked before it is loaded
+(a truncated library would crash the process when mapped). Where the cache may not be
+used (not trusted, or the compile cache is off) the library is built in a private
+temporary folder, removed once it is loaded.
 
 OpenMP comes from the ``libgomp.so.1`` torch has already loaded, and torch's own
 libraries are the ones already in the process (the dynamic linker reuses a loaded
@@ -20,21 +24,30 @@ a second pool that would fight it for the cores.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
+import json
 import logging
 import os
 import platform
 import shutil
-import stat
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
 
 import torch
 
-from slotwise.plugin_api import SlotwiseError
+from slotwise.plugin_api import (
+    CompilationConfig,
+    SlotwiseError,
+    make_private_directories,
+    read_trusted_file,
+    untrusted_directory,
+    write_atomically,
+)
 
 logger = logging.getLogger("slotwise")
 
@@ -45,6 +58,13 @@ C_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c11")
 CXX_FLAGS = ("-O2", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++20")
 #: The ops whose CPU kernels the library registers; loading checks that it did.
 OPS = ("slotwise_cpu::linear", "slotwise_cpu::paged_decode")
+#: The C functions the plugin calls on the library; loading checks that it has them.
+SYMBOLS = ("slotwise_cpu_max_kernel_rows",)
+#: Seconds one compiler call may take before it is stopped (a build takes 6-15 s).
+BUILD_TIMEOUT_S = 180.0
+#: Seconds before a compiler call still running is reported.
+BUILD_PROGRESS_S = 30.0
+CACHE_FOLDER = "cpu-kernels"
 #: Says what runs instead when the library cannot be had.
 UNAVAILABLE = (
     "linear layers run torch's GEMM, and decode attention gathers each request's cache "
@@ -69,9 +89,14 @@ def compiler(variable: str, default: str) -> str:
     return path
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "slotwise" / "cpu-kernels"
+def cache_dir() -> Path | None:
+    """The kernels' folder in the core's compile cache root; None when that cache is off."""
+    config = CompilationConfig()
+    try:
+        enabled = config.cache_enabled
+    except SlotwiseError as exc:  # SLOTWISE_DISABLE_COMPILE_CACHE is not a boolean
+        raise KernelBuildError(str(exc)) from exc
+    return Path(config.resolved_cache_dir) / CACHE_FOLDER if enabled else None
 
 
 @functools.cache
@@ -90,25 +115,92 @@ def _load() -> ctypes.CDLL:
     cc, cxx = compiler("CC", "cc"), compiler("CXX", "c++")
     key = _build_key(cc, cxx)
     folder = cache_dir()
-    if _private_folder(folder):
-        library = folder / f"ops-{key[:24]}.so"
-        if not (library.exists() and _private_file(library)):
-            _build(cc, cxx, library)
+    if folder is None:
+        logger.info("slotwise_cpu: the compile cache is off; the kernels are built for this "
+                    "process only")  # fmt: skip
     else:
+        reason = _untrusted_cache(folder)
+        if reason is None:
+            return _load_cached(cc, cxx, folder / f"ops-{key[:24]}.so")
         logger.warning(
-            "slotwise_cpu: kernel cache %s is missing or writable by other users; "
-            "building the kernels in a private temporary folder instead",
-            folder,
+            "slotwise_cpu: kernel cache not used: %s; building the kernels in a private "
+            "temporary folder, removed once they are loaded",
+            reason,
         )
-        library = Path(tempfile.mkdtemp(prefix="slotwise-cpu-")) / "ops.so"
+    with tempfile.TemporaryDirectory(prefix="slotwise-cpu-") as scratch:
+        library = Path(scratch) / "ops.so"
         _build(cc, cxx, library)
+        return _open(library)  # a loaded library stays mapped once its file is gone
+
+
+def _untrusted_cache(folder: Path) -> str | None:
+    """Why the kernel cache ``folder`` (created private if missing) may not be used."""
+    root = str(folder.parent)
+    reason = untrusted_directory(str(folder), root)
+    if reason is not None:
+        return reason
+    try:
+        make_private_directories(str(folder))
+    except OSError as exc:
+        return f"{folder} cannot be created ({exc})"
+    return untrusted_directory(str(folder), root)  # created meanwhile by someone else?
+
+
+def _load_cached(cc: str, cxx: str, library: Path) -> ctypes.CDLL:
+    """Load the cached ``library`` if it matches its record; else build it again."""
+    record = library.with_name(library.name + ".json")
+    if library.exists() or record.exists():
+        problem = _mismatch(library, record)
+        if problem is None:
+            return _open(library)
+        logger.warning("slotwise_cpu: cached kernel library %s %s; building it again",
+                       library, problem)  # fmt: skip
+    digest = _build(cc, cxx, library)
+    try:
+        write_atomically(str(record), json.dumps(digest).encode("utf-8"))
+    except OSError as exc:  # costs the next process a rebuild, not this one its kernels
+        logger.warning("slotwise_cpu: could not record %s (%s)", library, exc)
+    return _open(library)
+
+
+def _mismatch(library: Path, record: Path) -> str | None:
+    """What is wrong with ``library`` against ``record``, or None when it is what was
+    built: both files trusted (yours, not writable by others, not links), same size and
+    SHA-256."""
+    try:
+        expected = json.loads(read_trusted_file(str(record)))
+        content = read_trusted_file(str(library))
+    except FileNotFoundError as exc:
+        return f"has no {Path(exc.filename or record).name}"
+    except (OSError, ValueError) as exc:
+        return f"cannot be checked ({exc})"
+    if not isinstance(expected, dict):
+        return "has an unreadable record"
+    if expected.get("size") != len(content):
+        return f"is {len(content)} bytes, not the {expected.get('size')} recorded at build"
+    if expected.get("sha256") != hashlib.sha256(content).hexdigest():
+        return "does not match the SHA-256 recorded at build"
+    return None
+
+
+def _open(library: Path) -> ctypes.CDLL:
+    """Load ``library``; any library that is not the plugin's kernels is refused."""
     try:
         handle = ctypes.CDLL(str(library))  # its static initialisers register the kernels
     except OSError as exc:
         raise KernelBuildError(f"could not load the kernels from {library}: {exc}") from exc
-    missing = [op for op in OPS if not torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU")]
-    if missing:
-        raise KernelBuildError(f"{library} loaded but registered no CPU kernel for {missing}")
+    absent = [name for name in SYMBOLS if not hasattr(handle, name)]
+    try:
+        missing = [
+            op for op in OPS if not torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU")
+        ]
+    except RuntimeError as exc:  # an op not even declared: not this plugin's library
+        raise KernelBuildError(f"{library} is not the plugin's kernels: {exc}") from exc
+    if missing or absent:
+        raise KernelBuildError(
+            f"{library} is not the plugin's kernels: it registered no CPU kernel for "
+            f"{missing} and lacks the functions {absent}"
+        )
     return handle
 
 
@@ -152,36 +244,18 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def _private_folder(folder: Path) -> bool:
-    """``folder`` exists (created if need be) and only this user can write to it."""
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = folder.stat()
-    except OSError:
-        return False
-    return info.st_uid == os.getuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-
-
-def _private_file(path: Path) -> bool:
-    info = path.lstat()
-    return (
-        stat.S_ISREG(info.st_mode)
-        and info.st_uid == os.getuid()
-        and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    )
-
-
-def _build(cc: str, cxx: str, library: Path) -> None:
+def _build(cc: str, cxx: str, library: Path) -> dict[str, object]:
     """Compile the C kernels, then link them with the op registrations, in a private
     folder next to ``library``; then rename: a concurrent process sees either no library
-    or a whole one."""
+    or a whole one. Returns the library's size and SHA-256."""
     include, lib = _torch_dirs()
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
     logger.info(
         "slotwise_cpu: building the plugin's kernels for this CPU and torch %s into %s "
-        "(once; about 15 s)",
+        "(once; about 15 s, each compiler call stopped after %g s)",
         torch.__version__,
         library,
+        BUILD_TIMEOUT_S,
     )
     with tempfile.TemporaryDirectory(dir=library.parent, prefix=".build-") as scratch:
         objects = []
@@ -196,17 +270,48 @@ def _build(cc: str, cxx: str, library: Path) -> None:
         ]  # fmt: skip
         _run(command, CXX_SOURCE)
         os.chmod(partial, 0o700)
+        content = partial.read_bytes()
         os.replace(partial, library)
+    return {"size": len(content), "sha256": hashlib.sha256(content).hexdigest()}
 
 
 def _run(command: list[str], source: str) -> None:
+    """Run one compiler call, stopped (with all it started) after BUILD_TIMEOUT_S."""
     logger.debug("slotwise_cpu: building %s: %s", source, " ".join(command))
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise KernelBuildError(f"could not run {command[0]} to build {source}: {exc}") from exc
-    if result.returncode != 0:
-        raise KernelBuildError(
-            f"{command[0]} failed to build {source} (exit {result.returncode}): "
-            f"{result.stderr.strip()[-2000:]}"
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its own process group, stopped as a whole
         )
+    except OSError as exc:
+        raise KernelBuildError(f"could not run {command[0]} to build {source}: {exc}") from exc
+    try:
+        try:
+            _, stderr = process.communicate(timeout=BUILD_PROGRESS_S)
+        except subprocess.TimeoutExpired:
+            logger.info("slotwise_cpu: still building %s after %g s (stopped at %g s)",
+                        source, BUILD_PROGRESS_S, BUILD_TIMEOUT_S)  # fmt: skip
+            _, stderr = process.communicate(timeout=BUILD_TIMEOUT_S - BUILD_PROGRESS_S)
+    except subprocess.TimeoutExpired:
+        _stop(process)
+        raise KernelBuildError(
+            f"{command[0]} did not finish building {source} within {BUILD_TIMEOUT_S:g} s and "
+            "was stopped; check the compiler (CC, CXX) or the machine's load"
+        ) from None
+    except BaseException:  # Ctrl-C: no compiler is left running
+        _stop(process)
+        raise
+    if process.returncode != 0:
+        raise KernelBuildError(
+            f"{command[0]} failed to build {source} (exit {process.returncode}): "
+            f"{stderr.strip()[-2000:]}"
+        )
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.communicate()

@@ -32,15 +32,22 @@ from slotwise.platforms import get_current_platform
 def all_reduce(comm: Communicator) -> None:
     x = torch.full((2, 3), comm.rank + 1.0, device=comm.device)
     total = float(sum(r + 1 for r in range(comm.world_size)))
-    expect("all_reduce(x)", comm.all_reduce(x), torch.full((2, 3), total))
-    expect("all_reduce's input x afterwards", x, torch.full((2, 3), comm.rank + 1.0))
+    expect(comm, "all_reduce(x)", comm.all_reduce(x), torch.full((2, 3), total))
+    expect(comm, "all_reduce's input x afterwards", x, torch.full((2, 3), comm.rank + 1.0))
 
 
 def all_gather(comm: Communicator) -> None:
     x = torch.arange(6.0).reshape(2, 3) + 10 * comm.rank
     parts = [torch.arange(6.0).reshape(2, 3) + 10 * r for r in range(comm.world_size)]
-    expect("all_gather(x, dim=0)", comm.all_gather(x.to(comm.device), dim=0), torch.cat(parts, 0))
-    expect("all_gather(x, dim=-1)", comm.all_gather(x.to(comm.device), dim=-1), torch.cat(parts, 1))
+    expect(
+        comm, "all_gather(x, dim=0)", comm.all_gather(x.to(comm.device), dim=0), torch.cat(parts, 0)
+    )
+    expect(
+        comm,
+        "all_gather(x, dim=-1)",
+        comm.all_gather(x.to(comm.device), dim=-1),
+        torch.cat(parts, 1),
+    )
 
 
 def reduce_scatter(comm: Communicator) -> None:
@@ -48,12 +55,12 @@ def reduce_scatter(comm: Communicator) -> None:
     x = torch.arange(rows * 3.0).reshape(rows, 3) + 100 * comm.rank
     total = sum(torch.arange(rows * 3.0).reshape(rows, 3) + 100 * r for r in range(comm.world_size))
     mine = total[2 * comm.rank : 2 * comm.rank + 2]
-    expect("reduce_scatter(x, dim=0)", comm.reduce_scatter(x.to(comm.device), dim=0), mine)
+    expect(comm, "reduce_scatter(x, dim=0)", comm.reduce_scatter(x.to(comm.device), dim=0), mine)
 
 
 def broadcast(comm: Communicator) -> None:
     x = torch.full((4,), comm.rank + 5.0, device=comm.device)
-    expect("broadcast(x, src=0)", comm.broadcast(x, src=0), torch.full((4,), 5.0))
+    expect(comm, "broadcast(x, src=0)", comm.broadcast(x, src=0), torch.full((4,), 5.0))
 
 
 def send_recv(comm: Communicator) -> None:
@@ -61,7 +68,7 @@ def send_recv(comm: Communicator) -> None:
     if comm.rank == 0:
         comm.send(payload.to(comm.device), dst=1)
     elif comm.rank == 1:
-        expect("recv((4,), float32, src=0)", comm.recv((4,), torch.float32, src=0), payload)
+        expect(comm, "recv((4,), float32, src=0)", comm.recv((4,), torch.float32, src=0), payload)
 
 
 def barrier(comm: Communicator) -> None:
@@ -79,7 +86,13 @@ COLLECTIVES: dict[str, Callable[[Communicator], None]] = {
 }
 
 
-def expect(what: str, got: torch.Tensor, expected: torch.Tensor) -> None:
+def expect(comm: Communicator, what: str, got: torch.Tensor, expected: torch.Tensor) -> None:
+    """``got`` equals ``expected`` in shape, dtype and values, and lies on the rank's device."""
+    if got.dtype != expected.dtype or got.device.type != torch.device(comm.device).type:
+        raise AssertionError(
+            f"{what} gave a {got.dtype} tensor on {got.device}, expected {expected.dtype} on "
+            f"{comm.device}"
+        )
     if got.shape != expected.shape or not torch.equal(got.cpu(), expected):
         raise AssertionError(f"{what} gave {got.tolist()}, expected {expected.tolist()}")
 

@@ -1,6 +1,8 @@
 """The oracle of every attention check: attention written plainly, in float64.
 
-``causal_attention`` is the math of one request, dense and unpaged.
+``causal_attention`` is the math of one request, dense and unpaged;
+``causal_attention_terms`` adds the magnitudes of what it adds up, from which
+``tolerance.attention_bound`` derives how far a correct kernel may be.
 ``ReferenceAttention`` adds the paging around it: it keeps its own KV cache in the
 documented layout ``[2, num_blocks, block_size, num_kv_heads, head_size]``, stores
 each step's keys and values at the slot mapping and gathers a request's keys and
@@ -12,9 +14,35 @@ builder adds.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from slotwise.attention import AttentionMetadata
+
+
+@dataclass
+class AttentionTerms:
+    """The float64 attention of some query tokens, and the sizes of its reductions.
+
+    Every tensor is [tokens, num_heads, head_size] or broadcasts to it:
+    ``weighted_rms`` is sqrt(sum_j p_j^2 v_j^2), ``weighted_abs`` sum_j p_j |v_j|,
+    ``score_magnitude`` the row's largest scale x sum_d |q_d k_jd| and ``seq_lens``
+    the number of keys each token's row reduces.
+    """
+
+    out: torch.Tensor
+    weighted_rms: torch.Tensor
+    weighted_abs: torch.Tensor
+    score_magnitude: torch.Tensor
+    seq_lens: torch.Tensor
+
+    @classmethod
+    def concatenate(cls, parts: list[AttentionTerms]) -> AttentionTerms:
+        return cls(*(torch.cat([getattr(p, name) for p in parts]) for name in _TERM_FIELDS))
+
+
+_TERM_FIELDS = ("out", "weighted_rms", "weighted_abs", "score_magnitude", "seq_lens")
 
 
 def causal_attention(
@@ -27,19 +55,35 @@ def causal_attention(
     Query head h reads key/value head h // (num_heads // num_kv_heads).
     Returns [query_len, num_heads, head_size].
     """
+    return causal_attention_terms(q, keys, values, scale).out
+
+
+def causal_attention_terms(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float
+) -> AttentionTerms:
+    """``causal_attention`` with the magnitudes of its reductions (see ``AttentionTerms``)."""
     query_len, num_heads, head_size = q.shape
     seq_len, num_kv_heads, _ = keys.shape
     group = num_heads // num_kv_heads
     # Query token i sits at position seq_len - query_len + i.
     positions = torch.arange(seq_len - query_len, seq_len)
     future = torch.arange(seq_len)[None, :] > positions[:, None]
-    out = torch.empty(query_len, num_heads, head_size, dtype=torch.float64)
+    shape = (query_len, num_heads, head_size)
+    out, rms, weighted_abs = (torch.empty(shape, dtype=torch.float64) for _ in range(3))
+    score_magnitude = torch.empty(query_len, num_heads, 1, dtype=torch.float64)
     for h in range(num_heads):
         k = keys[:, h // group].double().cpu()
         v = values[:, h // group].double().cpu()
-        scores = (q[:, h].double().cpu() @ k.T) * scale
-        out[:, h] = scores.masked_fill(future, float("-inf")).softmax(dim=-1) @ v
-    return out
+        query = q[:, h].double().cpu()
+        scores = (query @ k.T) * scale
+        probs = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+        out[:, h] = probs @ v
+        rms[:, h] = (probs.square() @ v.square()).sqrt()
+        weighted_abs[:, h] = probs @ v.abs()
+        magnitudes = (query.abs() @ k.abs().T) * abs(scale)
+        score_magnitude[:, h, 0] = magnitudes.masked_fill(future, 0.0).amax(dim=-1)
+    seq_lens = torch.full((query_len, 1, 1), seq_len, dtype=torch.float64)
+    return AttentionTerms(out, rms, weighted_abs, score_magnitude, seq_lens)
 
 
 class ReferenceAttention:
@@ -78,18 +122,29 @@ class ReferenceAttention:
         ``metadata.num_actual_tokens`` rows are read.  Returns
         [num_actual_tokens, num_heads, head_size] in float64.
         """
+        return self.step_terms(q, k, v, metadata).out
+
+    def step_terms(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata
+    ) -> AttentionTerms:
+        """``step``, with the magnitudes its error bound is derived from."""
+        self.store(k, v, metadata)
+        parts = []
+        for r in range(metadata.num_reqs):
+            start = int(metadata.query_start_loc[r])
+            end = int(metadata.query_start_loc[r + 1])
+            keys, values = self._gather(metadata.block_table[r], int(metadata.seq_lens[r]))
+            parts.append(causal_attention_terms(q[start:end], keys, values, self.scale))
+        return AttentionTerms.concatenate(parts)
+
+    def store(self, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata) -> None:
+        """Store a step's keys and values at its slots, without computing its attention
+        (for the steps that only fill a long context)."""
         num_tokens = metadata.num_actual_tokens
         slots = metadata.slot_mapping[:num_tokens].cpu()
         # Slot s is block s // block_size, offset s % block_size: row s of the flat cache.
         self.kv_cache[0].flatten(0, 1)[slots] = k[:num_tokens].double().cpu()
         self.kv_cache[1].flatten(0, 1)[slots] = v[:num_tokens].double().cpu()
-        out = torch.empty(num_tokens, self.num_heads, q.shape[-1], dtype=torch.float64)
-        for r in range(metadata.num_reqs):
-            start = int(metadata.query_start_loc[r])
-            end = int(metadata.query_start_loc[r + 1])
-            keys, values = self._gather(metadata.block_table[r], int(metadata.seq_lens[r]))
-            out[start:end] = causal_attention(q[start:end], keys, values, self.scale)
-        return out
 
     def _gather(self, block_row: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The request's first ``seq_len`` keys and values, in position order."""

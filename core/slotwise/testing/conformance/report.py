@@ -20,13 +20,18 @@ OUTCOMES = ("error", "failed", "passed", "skipped")
 
 @dataclass
 class TestOutcome:
-    """One test of the suite: its check, its name, how it ended and, unless it passed, why."""
+    """One test of the suite: its check, its name, how it ended and, unless it passed, why.
+
+    ``not_run`` marks a skip that is no "does not apply": the check could not run on
+    this machine (``target.not_run``), which ``--require-all`` turns into a failure.
+    """
 
     check: str
     name: str
     outcome: str
     message: str = ""
     duration: float = 0.0
+    not_run: bool = False
 
 
 @dataclass
@@ -39,6 +44,10 @@ class CheckSummary:
 
     def count(self, outcome: str) -> int:
         return sum(1 for test in self.tests if test.outcome == outcome)
+
+    @property
+    def not_run(self) -> list[TestOutcome]:
+        return [test for test in self.tests if test.not_run]
 
 
 def summarise(tests: list[TestOutcome]) -> list[CheckSummary]:
@@ -53,6 +62,30 @@ def summarise(tests: list[TestOutcome]) -> list[CheckSummary]:
         worst = min((t.outcome for t in mine), key=OUTCOMES.index)
         summaries.append(CheckSummary(check, worst, mine))
     return summaries
+
+
+def not_run_verdict(tests: list[TestOutcome]) -> str:
+    """ "1 check not run: communicator (reason)" for the tests that could not run, or ""."""
+    by_check: dict[str, list[TestOutcome]] = {}
+    for test in tests:
+        if test.not_run:
+            by_check.setdefault(test.check, []).append(test)
+    if not by_check:
+        return ""
+    parts = []
+    for check in sorted(by_check, key=_check_order):
+        mine = by_check[check]
+        reason = _without_platform(mine[0].message)
+        more = f"; {len(mine) - 1} more test(s) not run" if len(mine) > 1 else ""
+        parts.append(f"{check} ({reason}{more})")
+    count = len(by_check)
+    return f"{count} check{'s' if count > 1 else ''} not run: " + ", ".join(parts)
+
+
+def _without_platform(message: str) -> str:
+    """A check's message without its "platform 'NAME': " prefix."""
+    _, separator, rest = message.partition("': ")
+    return rest if message.startswith("platform '") and separator else message
 
 
 def _check_order(check: str) -> tuple[int, str]:

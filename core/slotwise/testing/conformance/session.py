@@ -5,27 +5,45 @@ is given.  It runs the checks in the suite's order (cheap, fundamental ones firs
 so a broken interface shows before the failures it causes), records how each of
 the suite's tests ended, optionally writes that as a JSON report, and puts
 ``SLOTWISE_PLATFORM`` back as it was when the session ends.
+
+A check that applies to the platform but cannot run here (``target.not_run``: the
+communicator with one visible device) is a skip to pytest, recorded as not run: the
+terminal summary names it, and with ``--slotwise-require-all`` it fails the session.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
 
 from slotwise.testing.conformance import CHECKS, check_of
-from slotwise.testing.conformance.report import TestOutcome, write_report
+from slotwise.testing.conformance.report import TestOutcome, not_run_verdict, write_report
 
 #: Which phase's outcome is the test's: a skip in any phase skips it, unless one failed.
 PHASE_PRECEDENCE = ("error", "failed", "skipped", "passed")
+#: The user property marking a report whose skip was ``CheckNotRun``.
+NOT_RUN_PROPERTY = "slotwise_conformance_not_run"
+
+
+class CheckNotRun(pytest.skip.Exception):
+    """Raised by ``target.not_run``: the check applies, but this machine cannot run it."""
 
 
 class ConformanceSession:
-    def __init__(self, platform: str, report_path: Path | None, previous_env: str | None) -> None:
+    def __init__(
+        self,
+        platform: str,
+        report_path: Path | None,
+        previous_env: str | None,
+        require_all: bool = False,
+    ) -> None:
         self.platform = platform
         self.report_path = report_path
         self.previous_env = previous_env
+        self.require_all = require_all
         self.outcomes: dict[str, TestOutcome] = {}
         self.checks: dict[str, str] = {}
 
@@ -51,6 +69,15 @@ class ConformanceSession:
                 check, report.nodeid.rpartition("/")[2], "error", _message(report)
             )
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        if call.excinfo is not None and call.excinfo.errisinstance(CheckNotRun):
+            report.user_properties.append((NOT_RUN_PROPERTY, True))
+        return report
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Merge the phases (setup, call, teardown) of one test: the worst phase counts."""
         check = self.checks.get(report.nodeid)
@@ -64,12 +91,33 @@ class ConformanceSession:
         if PHASE_PRECEDENCE.index(outcome) < PHASE_PRECEDENCE.index(recorded.outcome):
             recorded.outcome = outcome
             recorded.message = _message(report)
+            recorded.not_run = outcome == "skipped" and (NOT_RUN_PROPERTY, True) in (
+                report.user_properties
+            )
 
+    @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """Fail a session with checks not run under ``--slotwise-require-all``; write the
+        report with the final exit status."""
+        if self.require_all and self._not_run() and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.report_path is not None:
             write_report(
-                self.report_path, self.platform, int(exitstatus), list(self.outcomes.values())
+                self.report_path,
+                self.platform,
+                int(session.exitstatus),
+                list(self.outcomes.values()),
             )
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        """The checks not run, by name and reason, where pytest shows only "N skipped"."""
+        verdict = not_run_verdict(self._not_run())
+        if verdict:
+            required = " (--slotwise-require-all: the run fails)" if self.require_all else ""
+            terminalreporter.write_line(f"slotwise conformance: {verdict}{required}", red=True)
+
+    def _not_run(self) -> list[TestOutcome]:
+        return [test for test in self.outcomes.values() if test.not_run]
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self.previous_env is None:
@@ -95,7 +143,8 @@ def _message(report: pytest.TestReport | pytest.CollectReport) -> str:
     """The one-paragraph reason a test did not pass, as the summary shows it."""
     longrepr = report.longrepr
     if isinstance(longrepr, tuple):  # a skip: (path, line, "Skipped: reason")
-        return str(longrepr[2]).removeprefix("Skipped: ")
+        not_run = f"{CheckNotRun.__module__}.{CheckNotRun.__qualname__}: "
+        return str(longrepr[2]).removeprefix("Skipped: ").removeprefix(not_run)
     crash = getattr(longrepr, "reprcrash", None)
     if crash is not None:  # "Failed: " is how pytest.fail's messages start
         return str(crash.message).removeprefix("Failed: ")

@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import NoReturn
 
 import pytest
+import torch
 
 from slotwise import envs
 from slotwise.platforms import Platform, get_current_platform
+from slotwise.testing.conformance.session import CheckNotRun
 
 
 def platform_name() -> str:
@@ -43,5 +45,41 @@ def fail(problem: str) -> NoReturn:
 
 
 def skip(reason: str) -> NoReturn:
-    """Skip the running check, naming the platform in the reason."""
+    """Skip the running check because it does not apply: the platform declares no such
+    feature (no static graphs, a dtype its backend refuses).  Naming the platform."""
     pytest.skip(f"platform {platform_name()!r}: {reason}")
+
+
+def not_run(reason: str) -> NoReturn:
+    """The check applies but cannot run here (too few devices, say): reported as not
+    run in the verdict, and a failure of the run under ``--require-all``."""
+    raise CheckNotRun(f"platform {platform_name()!r}: {reason}")
+
+
+def expect_tensor(
+    what: str,
+    got: object,
+    *,
+    dtype: torch.dtype,
+    shape: tuple[int, ...],
+    device: torch.device | str,
+) -> None:
+    """Fail unless ``got`` is a tensor of ``dtype`` and ``shape`` on ``device``.
+
+    Checked before any value: a result in float32 for bfloat16 inputs is closer to a
+    float64 reference than the right answer, and a caller gets the wrong type anyway.
+    """
+    device = torch.device(device)
+    if not isinstance(got, torch.Tensor):
+        fail(f"{what} is a {type(got).__name__}, expected a tensor")
+    problems = []
+    if got.dtype != dtype:
+        problems.append(f"dtype {got.dtype}, expected {dtype} (the inputs' dtype)")
+    if tuple(got.shape) != tuple(shape):
+        problems.append(f"shape {tuple(got.shape)}, expected {tuple(shape)}")
+    if got.device.type != device.type or (
+        device.index is not None and got.device.index != device.index
+    ):
+        problems.append(f"device {got.device}, expected {device}")
+    if problems:
+        fail(f"{what} has " + "; ".join(problems))

@@ -15,6 +15,13 @@ queries and decodes on and across block boundaries, where a causal mask that is 
 offset by the cached context shows.  A failure names the worst element (token,
 request, position, head, dim) with enough digits to see it differ.
 
+Every dtype the backend serves is checked, each against a bound derived from its
+precision and the reduction lengths (``tolerance.attention_bound``), on the scenarios
+above, on a long context (thousands of cached tokens, where a kernel accumulating in
+bfloat16 drifts) and on inputs of a wide dynamic range (peaked scores and values
+spanning 2^-8 to 2^8, where scores rounded to the dtype or a softmax without its
+running maximum go wrong).  The output's dtype, shape and device are checked first.
+
 A backend whose ``graph_support`` lets full graphs capture it is also captured, on the
 static metadata layouts those graphs read (``StaticAttentionMetadata``), as a recorded
 graph, then replayed on new data copied into the same buffers, as a runner does.
@@ -45,7 +52,8 @@ from slotwise.compilation.recorded_graph import RecordedGraphAPI
 from slotwise.forward_context import set_forward_context
 from slotwise.platforms import Platform
 from slotwise.testing.conformance import target
-from slotwise.testing.conformance.reference_attention import ReferenceAttention
+from slotwise.testing.conformance.reference_attention import AttentionTerms, ReferenceAttention
+from slotwise.testing.conformance.tolerance import attention_bound
 
 #: (query_len, context_len) per request for a block size, decodes first as the metadata
 #: requires.  Lengths that matter relative to blocks are written in blocks.
@@ -80,11 +88,25 @@ LAYOUTS = [(64, 1, 0.75), (128, 2, 1.25), (64, 4, 1.25), (64, 8, 0.75)]
 #: The layout of the full-graph checks.
 FULL_GRAPH_LAYOUT = (64, 2, 0.75)
 NUM_KV_HEADS = 2
-#: Tried in order; a backend that cannot serve one is asked for the next.
+#: Each is checked where the backend serves it; the full-graph checks use the first served.
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: Tried in order for each dtype; a backend that cannot serve one is asked for the next.
 BLOCK_SIZES = (16, 128)
-TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 3e-2, torch.float16: 1e-2}
 PADDING = 2
+#: Tokens of the long-context request: long enough that bfloat16 running sums drift
+#: past the bound, short enough for a float64 reference in a fraction of a second.
+LONG_CONTEXT = 4096
+#: The long context is written through the backend in chunked prefills of this size.
+CONTEXT_CHUNK = 512
+#: Query tokens of the chunk after the long context; a decode follows it.
+LONG_CONTEXT_QUERY = 16
+LONG_CONTEXT_LAYOUT = (64, 2, 1.25)
+#: Wide dynamic range: queries this many times larger (scores up to about +-20, so the
+#: softmax is peaked), values spread over 2^-VALUE_OCTAVES to 2^VALUE_OCTAVES per token.
+QUERY_GAIN = 4.0
+VALUE_OCTAVES = 8
+WIDE_RANGE_REQUESTS = [(1, 500), (1, 33), (24, 200), (48, 0)]
+WIDE_RANGE_LAYOUT = (64, 2, 1.25)
 
 _layer_names = itertools.count()
 
@@ -93,12 +115,55 @@ _layer_names = itertools.count()
 Request = tuple[int, int, list[int]]
 
 
-@pytest.mark.parametrize("head_size, group, scale_factor", LAYOUTS, ids=lambda v: str(v))
+_DTYPE_IDS = [str(dtype).removeprefix("torch.") for dtype in DTYPES]
+#: float32 runs every layout; the half dtypes, whose code paths differ in precision, not
+#: in how heads or masks are laid out, run this one.
+HALF_PRECISION_LAYOUT = (128, 2, 1.25)
+#: (dtype, head size, query heads per key/value head, scale factor) of the scenario tests.
+DTYPE_LAYOUTS = [
+    *((torch.float32, *layout) for layout in LAYOUTS),
+    *((dtype, *HALF_PRECISION_LAYOUT) for dtype in DTYPES if dtype != torch.float32),
+]
+
+
+@pytest.mark.parametrize(
+    "dtype, head_size, group, scale_factor",
+    DTYPE_LAYOUTS,
+    ids=lambda v: str(v).removeprefix("torch."),
+)
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_attention_matches_the_reference(
-    scenario: str, head_size: int, group: int, scale_factor: float
+    scenario: str, head_size: int, group: int, scale_factor: float, dtype: torch.dtype
 ) -> None:
-    case = Case.prepare(scenario, head_size, group, scale_factor)
+    case = Case.prepare(scenario, head_size, group, scale_factor, dtype=dtype)
+    for label, batch in case.steps:
+        case.run_step(label, batch)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_DTYPE_IDS)
+def test_attention_on_a_long_context(dtype: torch.dtype) -> None:
+    """A chunk of queries after thousands of cached tokens, then a decode after them all."""
+    context_len = LONG_CONTEXT - LONG_CONTEXT_QUERY - 1
+    case = Case.prepare(
+        "long_context",
+        *LONG_CONTEXT_LAYOUT,
+        dtype=dtype,
+        requests=[(LONG_CONTEXT_QUERY, context_len)],
+    )
+    *context_steps, (label, batch) = case.steps
+    for _, context_batch in context_steps:
+        case.fill_context(context_batch)
+    case.run_step(label, batch)
+    ((_, _, blocks),) = batch  # they hold LONG_CONTEXT positions, the decode's included
+    case.run_step("the decode after it", [(1, context_len + LONG_CONTEXT_QUERY, blocks)])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_DTYPE_IDS)
+def test_attention_on_a_wide_dynamic_range(dtype: torch.dtype) -> None:
+    case = Case.prepare(
+        "wide_dynamic_range", *WIDE_RANGE_LAYOUT, dtype=dtype, requests=WIDE_RANGE_REQUESTS
+    )
+    case.wide_range = True
     for label, batch in case.steps:
         case.run_step(label, batch)
 
@@ -111,7 +176,7 @@ def test_attention_matches_the_reference(
     ],
 )
 def test_attention_on_the_full_graph_layouts_it_declares(scenario: str, layout: str) -> None:
-    backend, _, _ = select_backend(target.platform(), FULL_GRAPH_LAYOUT[0])
+    backend, _, _ = select_first_backend(target.platform(), FULL_GRAPH_LAYOUT[0])
     if not backend.graph_support.captures(uniform_decode_only=layout == "uniform_decode"):
         target.skip(
             f"{backend.get_name()} has graph_support {backend.graph_support.name}: full "
@@ -141,16 +206,33 @@ class Case:
     generator: torch.Generator
     #: Head size, scale and heads, for failure messages.
     description: str
+    #: Whether q/k/v are drawn with a wide dynamic range (see the module's docstring).
+    wide_range: bool = False
 
     @classmethod
-    def prepare(cls, scenario: str, head_size: int, group: int, scale_factor: float) -> Case:
+    def prepare(
+        cls,
+        scenario: str,
+        head_size: int,
+        group: int,
+        scale_factor: float,
+        *,
+        dtype: torch.dtype | None = None,
+        requests: list[tuple[int, int]] | None = None,
+    ) -> Case:
+        """The case on the backend the platform selects for ``dtype`` (default: the first
+        of DTYPES it serves); ``requests`` replaces the scenario's own batch."""
         platform = target.platform()
-        backend, dtype, block_size = select_backend(platform, head_size)
-        seed = zlib.crc32(f"{scenario}/{head_size}/{group}/{scale_factor}".encode())
+        if dtype is None:
+            backend, dtype, block_size = select_first_backend(platform, head_size)
+        else:
+            backend, block_size = select_backend(platform, head_size, dtype)
+        seed = zlib.crc32(f"{scenario}/{head_size}/{group}/{scale_factor}/{dtype}".encode())
         generator = torch.Generator().manual_seed(seed)
         num_heads = NUM_KV_HEADS * group
         scale = scale_factor * head_size**-0.5
-        requests = SCENARIOS[scenario](block_size)
+        if requests is None:
+            requests = SCENARIOS[scenario](block_size)
         block_ids, num_blocks = shuffled_block_tables(requests, block_size, generator)
         layer = Attention(
             num_heads,
@@ -179,7 +261,7 @@ class Case:
             device=device,
             layer=layer,
             reference=reference,
-            steps=scenario_steps(scenario, requests, block_ids),
+            steps=scenario_steps(scenario, requests, block_ids, chunk=CONTEXT_CHUNK),
             num_blocks=num_blocks + 1,
             scratch_block=num_blocks,
             generator=generator,
@@ -202,11 +284,19 @@ class Case:
         else:
             label += f", replayed in a full graph on the static {static_layout} layout"
             out = self.replay_in_full_graph(label, static_layout, metadata, q, k, v)
-        expected = self.reference.step(
+        what = f"{label} (query+context lengths {', '.join(f'{q}+{c}' for q, c, _ in batch)})"
+        layer = self.layer
+        target.expect_tensor(
+            f"the output of attention backend {self.backend.get_name()} on {what}",
+            out,
+            dtype=self.dtype,
+            shape=(num_tokens + PADDING, layer.num_heads * layer.head_size),
+            device=self.device,
+        )
+        expected = self.reference.step_terms(
             q, k, v, AttentionMetadataBuilder(self.block_size).build(*lengths)
         )
-        got = out[:num_tokens].view(expected.shape).double().cpu()
-        what = f"{label} (query+context lengths {', '.join(f'{q}+{c}' for q, c, _ in batch)})"
+        got = out[:num_tokens].view(expected.out.shape).double().cpu()
         self.compare(got, expected, batch, f"{what}, {self.description}")
         if not bool(out[num_tokens:].isfinite().all()):
             target.fail(
@@ -215,14 +305,28 @@ class Case:
                 "block and must give finite rows, or they spread NaN through later layers"
             )
 
+    def fill_context(self, batch: list[Request]) -> None:
+        """Write a step's keys and values through the backend, and into the reference's
+        cache, without comparing its output (the long context's many prefill chunks)."""
+        lengths = ([q for q, _, _ in batch], [c for _, c, _ in batch], [b for _, _, b in batch])
+        metadata = self.backend.get_builder_cls()(self.block_size, self.device).build(*lengths)
+        q, k, v = self.random_qkv(metadata.num_actual_tokens)
+        chunk = ", ".join(f"{q}+{c}" for q, c, _ in batch)
+        self.run_eagerly(f"a step writing the long context ({chunk})", metadata, q, k, v)
+        self.reference.store(k, v, AttentionMetadataBuilder(self.block_size).build(*lengths))
+
     def random_qkv(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k and v of a step, on the CPU in the case's dtype; every head distinct."""
         layer = self.layer
         q, k, v = (
-            torch.randn(num_tokens, heads, layer.head_size, generator=self.generator).to(self.dtype)
+            torch.randn(num_tokens, heads, layer.head_size, generator=self.generator)
             for heads in (layer.num_heads, layer.num_kv_heads, layer.num_kv_heads)
         )
-        return q, k, v
+        if self.wide_range:
+            q = q * QUERY_GAIN
+            octaves = torch.rand(num_tokens, 1, 1, generator=self.generator) * 2 - 1
+            v = v * torch.exp2(octaves * VALUE_OCTAVES)
+        return q.to(self.dtype), k.to(self.dtype), v.to(self.dtype)
 
     def run_eagerly(
         self,
@@ -288,25 +392,36 @@ class Case:
         return out
 
     def compare(
-        self, got: torch.Tensor, expected: torch.Tensor, batch: list[Request], what: str
+        self, got: torch.Tensor, expected: AttentionTerms, batch: list[Request], what: str
     ) -> None:
-        """Fail with the worst element and the largest error when ``got`` is not close to
-        ``expected``."""
-        tolerance = TOLERANCE[self.dtype]
-        error = (got - expected).abs()
-        allowed = tolerance + tolerance * expected.abs()
+        """Fail with the worst element, relative to what its dtype and reductions allow,
+        when ``got`` is not within ``tolerance.attention_bound`` of the reference."""
+        allowed = attention_bound(
+            expected.out,
+            expected.weighted_rms,
+            expected.weighted_abs,
+            expected.score_magnitude,
+            expected.seq_lens,
+            self.layer.head_size,
+            self.dtype,
+        )
+        error = (got - expected.out).abs()
         if bool((error <= allowed).all()) and bool(torch.isfinite(got).all()):
             return
-        excess = torch.nan_to_num(error - allowed, nan=float("inf"))
+        excess = torch.nan_to_num(error / allowed, nan=float("inf"))
         token, head, dim = (int(i) for i in torch.unravel_index(excess.argmax(), excess.shape))
         got_value, expected_value = distinct_strings(
-            float(got[token, head, dim]), float(expected[token, head, dim])
+            float(got[token, head, dim]), float(expected.out[token, head, dim])
         )
         group = self.layer.num_heads // self.layer.num_kv_heads
+        seq_len = int(expected.seq_lens[token].max())
         target.fail(
             f"attention backend {self.backend.get_name()} ({self.dtype}) differs from the "
-            f"reference on {what}: max |error| {float(error.max()):.3g} (tolerance "
-            f"{tolerance:g} + {tolerance:g} x |expected|), worst at token {token} "
+            f"reference on {what}: max |error| {float(error.max()):.3g}; the worst element is "
+            f"{float(excess[token, head, dim]):.3g} times the error allowed there "
+            f"({float(allowed[token, head, dim]):.3g}, from {self.dtype}'s precision, a "
+            f"float32 accumulation over {seq_len} keys and {self.layer.head_size} dims: "
+            f"see slotwise.testing.conformance.tolerance), worst at token {token} "
             f"({locate(token, batch)}), head {head} (reads key/value head {head // group}), "
             f"dim {dim}: got {got_value}, expected {expected_value}"
         )
@@ -337,31 +452,72 @@ def distinct_strings(got: float, expected: float) -> tuple[str, str]:
 
 
 def scenario_steps(
-    scenario: str, requests: list[tuple[int, int]], block_ids: list[list[int]]
+    scenario: str, requests: list[tuple[int, int]], block_ids: list[list[int]], chunk: int
 ) -> list[tuple[str, list[Request]]]:
-    """The scenario's batch, preceded by a step writing the requests' cached context
-    (a prefill of it; a 1-token context is a decode, ordered first)."""
+    """The scenario's batch, preceded by the steps writing the requests' cached context:
+    prefills of up to ``chunk`` tokens (a 1-token piece is a decode, ordered first)."""
     batch = [(q, c, b) for (q, c), b in zip(requests, block_ids, strict=True)]
-    context = sorted(((c, 0, b) for _, c, b in batch if c), key=lambda r: r[0] != 1)
-    batches = [("the step writing the cached context", context)] if context else []
-    return [*batches, (f"the {scenario} batch", batch)]
+    longest = max(c for _, c, _ in batch)
+    steps = []
+    for written in range(0, longest, chunk):
+        pieces = [(min(chunk, c - written), written, b) for _, c, b in batch if c > written]
+        pieces.sort(key=lambda r: r[0] != 1)
+        label = (
+            "the step writing the cached context"
+            if longest <= chunk
+            else f"the step writing cached positions {written} to {written + chunk - 1}"
+        )
+        steps.append((label, pieces))
+    return [*steps, (f"the {scenario} batch", batch)]
 
 
 def select_backend(
+    platform: Platform, head_size: int, dtype: torch.dtype
+) -> tuple[type[AttentionBackend], int]:
+    """The backend the platform picks for ``dtype``, with the first block size it serves.
+
+    A dtype no backend serves is skipped (a device may lack float16), unless none of
+    DTYPES is served: then there is no attention at all, and the check fails.
+    """
+    found, refusals = _try_select(platform, head_size, dtype)
+    if found is not None:
+        return found
+    if any(_try_select(platform, head_size, other)[0] for other in DTYPES if other != dtype):
+        target.skip(
+            f"no attention backend serves {dtype} for head size {head_size}: " + "; ".join(refusals)
+        )
+    select_first_backend(platform, head_size)  # fails, with every refusal
+    raise AssertionError("unreachable: select_first_backend found no backend")
+
+
+def select_first_backend(
     platform: Platform, head_size: int
 ) -> tuple[type[AttentionBackend], torch.dtype, int]:
-    """The backend the platform picks, with the first dtype and block size it serves."""
+    """The backend of the first of DTYPES the platform serves, its dtype and block size."""
     refusals = []
-    for dtype, block_size in itertools.product(DTYPES, BLOCK_SIZES):
+    for dtype in DTYPES:
+        found, refused = _try_select(platform, head_size, dtype)
+        if found is not None:
+            return found[0], dtype, found[1]
+        refusals += [f"{dtype} with {refusal}" for refusal in refused]
+    target.fail(f"no attention backend for head size {head_size}: " + "; ".join(refusals))
+
+
+def _try_select(
+    platform: Platform, head_size: int, dtype: torch.dtype
+) -> tuple[tuple[type[AttentionBackend], int] | None, list[str]]:
+    """(backend, block size) for the first block size served, or None and the refusals."""
+    refusals = []
+    for block_size in BLOCK_SIZES:
         try:
             backend = select_attention_backend(
                 platform, head_size=head_size, dtype=dtype, block_size=block_size
             )
         except AttentionBackendError as exc:
-            refusals.append(f"{dtype} with block size {block_size}: {exc}")
+            refusals.append(f"block size {block_size}: {exc}")
         else:
-            return backend, dtype, block_size
-    target.fail(f"no attention backend for head size {head_size}: " + "; ".join(refusals))
+            return (backend, block_size), refusals
+    return None, refusals
 
 
 def shuffled_block_tables(
