@@ -10,8 +10,13 @@ timed step right after an untimed step of the same model, as in a server
 
 Each measurement is also set against the memory roofline: a decode step must read
 every weight and each request's cached keys and values once, so it can take no less
-than those bytes over the machine's read bandwidth, which a short probe measures
-before the timed steps, with the run's thread count.
+than those bytes over the device's read bandwidth, which a short probe measures
+before the timed steps (on the CPU with the run's thread count; on a CUDA GPU a read
+of device memory timed by CUDA events).
+
+The result also names the graph mode a config without one gets for the model's
+attention backend, and why (``graph_modes.default_graph_mode``): the variant a user
+gets by default is that mode's (``DEFAULT_MODE_VARIANTS``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +35,7 @@ import torch
 from slotwise.attention.layer import Attention
 from slotwise.attention.selector import select_attention_backend
 from slotwise.compilation.config import CompilationConfig, GraphMode
-from slotwise.compilation.graph_modes import supported_graph_modes
+from slotwise.compilation.graph_modes import default_graph_mode, supported_graph_modes
 from slotwise.models.llama import PRESETS, LlamaConfig, LlamaForCausalLM, build_llama
 from slotwise.platforms import get_current_platform
 from slotwise.runner.model_runner import ModelRunner, Request
@@ -56,13 +61,27 @@ GRAPH_VARIANTS = {
     "level3+graphs": GraphMode.PIECEWISE,
     "level3+full_graphs": GraphMode.FULL_AND_PIECEWISE,
 }
+#: The variant that runs as a level-3 model does with each default graph mode.
+DEFAULT_MODE_VARIANTS = {
+    GraphMode.NONE: "level3",
+    **{mode: name for name, mode in GRAPH_VARIANTS.items()},
+}
 #: The bandwidth probe reads a buffer as large as the largest step of the run, and at
 #: least PROBE_MIN_BYTES, more than the last-level cache of the CPUs slotwise runs on: the
 #: roofline is memory's, so a step whose bytes stay in a cache can beat it (a fraction
 #: above 1 says so).  Above PROBE_MAX_BYTES a probe would only cost memory and time.
 PROBE_MIN_BYTES = 256 * 2**20
 PROBE_MAX_BYTES = 2**30
+#: The bounds on a CUDA GPU: a read of several GB, far past the L2 cache (50 MB on an
+#: H100), as long as a 1B model's weights; a kernel reading it takes about a millisecond.
+CUDA_PROBE_MIN_BYTES = 2 * 2**30
+CUDA_PROBE_MAX_BYTES = 4 * 2**30
 PROBE_REPEATS = 20
+
+#: Seconds that one call of its argument keeps the device busy (see ``device_timer``).
+DeviceTimer = Callable[[Callable[[], object]], float]
+#: What the benchmark asks for the read bandwidth of a step of that many bytes.
+ReadProbe = Callable[[int], "ReadBandwidth"]
 
 
 @dataclass
@@ -117,6 +136,9 @@ class BenchmarkResult:
     #: The dtypes measured, comma-separated in the order given.
     dtype: str
     measurements: list[Measurement] = field(default_factory=list)
+    #: The graph mode a config without one gets here, and why (``mode``, ``reason``),
+    #: and the variant that measures it (``variant``).
+    default_graph_mode: dict[str, str] = field(default_factory=dict)
     read_bandwidth: ReadBandwidth | None = None
     #: The same probe again after the last timed step: where a shared machine's memory
     #: got faster or slower during the run, the two differ and the roofline (from the
@@ -141,10 +163,7 @@ def variants_for_platform(
     unknown = [name for name in names if name not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
-    shape = model_shape(preset)
-    backend = select_attention_backend(
-        platform, head_size=shape.head_size, dtype=dtype, block_size=shape.block_size
-    )
+    backend = attention_backend_of(preset, dtype)
     supported = supported_graph_modes(platform, backend)
     unsupported = [n for n in names if GRAPH_VARIANTS.get(n, GraphMode.NONE) not in supported]
     if unsupported and requested:
@@ -156,6 +175,21 @@ def variants_for_platform(
             f"(it supports {', '.join(mode.name for mode in supported)}); drop it from --variants"
         )
     return [name for name in names if name not in unsupported]
+
+
+def attention_backend_of(model: str, dtype: torch.dtype) -> type:
+    """The attention backend the layers of ``model`` in ``dtype`` get on this platform."""
+    shape = model_shape(model)
+    return select_attention_backend(
+        get_current_platform(), head_size=shape.head_size, dtype=dtype, block_size=shape.block_size
+    )
+
+
+def default_mode_of(model: str, dtype: torch.dtype) -> dict[str, str]:
+    """The graph mode a level-3 config without one gets for ``model`` in ``dtype`` here,
+    why, and the variant that runs as it does."""
+    choice = default_graph_mode(get_current_platform(), [attention_backend_of(model, dtype)])
+    return {**choice.as_dict(), "variant": DEFAULT_MODE_VARIANTS[choice.mode]}
 
 
 def model_shape(model: str) -> LlamaConfig:
@@ -302,13 +336,53 @@ def bytes_per_step(model: LlamaForCausalLM, seq_lens: Sequence[int]) -> int:
     return weights + kv
 
 
+def device_timer(device: torch.device | str) -> DeviceTimer:
+    """How ``measure_read_bandwidth`` times a read on ``device``: CUDA events on a CUDA
+    GPU, the device's own clock, which leaves out the host's launch and wait; elsewhere
+    the host's clock around the call and ``Platform.synchronize``."""
+    if torch.device(device).type == "cuda":
+        return _cuda_event_seconds
+    platform = get_current_platform()
+
+    def host_seconds(work: Callable[[], object]) -> float:
+        start = time.perf_counter()
+        work()
+        platform.synchronize()
+        return time.perf_counter() - start
+
+    return host_seconds
+
+
+def _cuda_event_seconds(work: Callable[[], object]) -> float:
+    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+    start.record()
+    work()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def probe_bounds(device: torch.device | str) -> tuple[int, int]:
+    """The least and most bytes the bandwidth probe reads on ``device``."""
+    if torch.device(device).type == "cuda":
+        return CUDA_PROBE_MIN_BYTES, CUDA_PROBE_MAX_BYTES
+    return PROBE_MIN_BYTES, PROBE_MAX_BYTES
+
+
 def measure_read_bandwidth(
-    nbytes: int, *, device: torch.device | str, repeats: int = PROBE_REPEATS
+    nbytes: int,
+    *,
+    device: torch.device | str,
+    repeats: int = PROBE_REPEATS,
+    timer: DeviceTimer | None = None,
 ) -> ReadBandwidth:
-    """The median rate at which ``device`` reads ``nbytes`` (clamped to the probe's
-    bounds) from memory with torch's current thread count: a float32 sum over a buffer,
-    a reduction that memory, not arithmetic, limits on CPUs and GPUs alike."""
-    nbytes = max(PROBE_MIN_BYTES, min(PROBE_MAX_BYTES, nbytes))
+    """The median rate at which ``device`` reads ``nbytes`` (clamped to
+    ``probe_bounds``) from memory, with torch's current thread count: a float32 sum over
+    a buffer, a reduction that memory, not arithmetic, limits on CPUs and GPUs alike.
+    ``timer`` (default ``device_timer(device)``) times one sum."""
+    low, high = probe_bounds(device)
+    nbytes = max(low, min(high, nbytes))
+    timer = timer or device_timer(device)
     platform = get_current_platform()
     buffer = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
     # Mapped as the weights a step reads are; advised before it is written, when the
@@ -318,12 +392,7 @@ def measure_read_bandwidth(
     for _ in range(2):  # first touches and kernel selection stay out of the timing
         buffer.sum()
     platform.synchronize()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        buffer.sum()
-        platform.synchronize()
-        times.append(time.perf_counter() - start)
+    times = [timer(buffer.sum) for _ in range(repeats)]
     rate = buffer.numel() * 4 / statistics.median(times)
     return ReadBandwidth(bytes_per_second=rate, probe_bytes=nbytes, threads=torch.get_num_threads())
 
@@ -350,10 +419,18 @@ def run_benchmark(
     warmups: int = 5,
     progress: bool = True,
     dtype: torch.dtype | Sequence[torch.dtype] = torch.float32,
+    read_probe: ReadProbe | None = None,
+    float32_reference: bool = True,
 ) -> BenchmarkResult:
     """Measure every variant in every dtype of ``dtype`` (one, or several compared
     within the run) at each batch size; the steps of all of them are interleaved, each
-    timed one after an untimed step of its own."""
+    timed one after an untimed step of its own.
+
+    ``read_probe(nbytes)`` measures the read bandwidth the rooflines divide by, before
+    the first timed step and after the last (default: ``measure_read_bandwidth`` on the
+    platform's device).  Without ``float32_reference`` no float32 model is built when
+    no dtype measured is float32 (a large model's costs memory and set-up time), and
+    ``max_abs_logit_diff_vs_float32`` stays None."""
     dtypes = [dtype] if isinstance(dtype, torch.dtype) else list(dict.fromkeys(dtype))
     # A default variant that some dtype cannot run (a graph mode its attention backend
     # lacks) is left out for all, so every dtype measures the same variants.
@@ -362,6 +439,11 @@ def run_benchmark(
     if "eager" not in names:
         names.insert(0, "eager")  # the reference for speedups and logit differences
     platform = get_current_platform()
+    if read_probe is None:
+
+        def read_probe(nbytes: int) -> ReadBandwidth:
+            return measure_read_bandwidth(nbytes, device=platform.device_type)
+
     result = BenchmarkResult(
         preset=preset,
         platform=platform.name,
@@ -370,6 +452,13 @@ def run_benchmark(
         prompt_len=prompt_len,
         iterations=iterations,
         dtype=",".join(_dtype_name(each) for each in dtypes),
+        default_graph_mode=default_mode_of(preset, dtypes[0]),
+    )
+    logger.info(
+        "default graph mode %s (variant %s): %s",
+        result.default_graph_mode["mode"],
+        result.default_graph_mode["variant"],
+        result.default_graph_mode["reason"],
     )
     start_load = _load_average()
     setups = []
@@ -383,7 +472,7 @@ def run_benchmark(
             )
     # The float32 reference of the logits; built only when no float32 variant runs.
     reference = None
-    if torch.float32 not in dtypes:
+    if torch.float32 not in dtypes and float32_reference:
         logger.info("setting up the float32 eager reference (untimed)")
         reference = setup_variant(
             "eager", preset, base, batch_sizes, prompt_len, progress=False, dtype=torch.float32
@@ -399,14 +488,14 @@ def run_benchmark(
         }
         logits = {key: step().float() for key, step in steps.items()}
         if reference is None:
-            float32_logits = logits[(torch.float32, "eager")]
+            float32_logits = logits.get((torch.float32, "eager"))
         else:
             reference_step = DecodeStep.prepare(reference.runner, batch, prompt_len)
             float32_logits = reference_step().float()
             reference.runner.free(reference_step.requests)
         step_bytes = {key: step.bytes_read for key, step in steps.items()}
         if bandwidth is None:  # once, before the first timed step, sized to the largest
-            bandwidth = measure_read_bandwidth(largest, device=platform.device_type)
+            bandwidth = read_probe(largest)
             result.read_bandwidth = bandwidth
             logger.info(
                 "read bandwidth %.1f GB/s (%d MB probe, %d threads)",
@@ -434,7 +523,9 @@ def run_benchmark(
                     compile_seconds=setup.compile_seconds,
                     capture_seconds=setup.capture_seconds,
                     dtype=_dtype_name(setup.dtype),
-                    max_abs_logit_diff_vs_float32=_max_diff(logits[key], float32_logits),
+                    max_abs_logit_diff_vs_float32=None
+                    if float32_logits is None
+                    else _max_diff(logits[key], float32_logits),
                     bytes_per_step=step_bytes[key],
                     roofline_ms=roofline * 1e3,
                     roofline_fraction=roofline / p50,
@@ -442,7 +533,7 @@ def run_benchmark(
             )
         for step in steps.values():
             step.runner.free(step.requests)
-    result.read_bandwidth_after = measure_read_bandwidth(largest, device=platform.device_type)
+    result.read_bandwidth_after = read_probe(largest)
     logger.info(
         "read bandwidth after the timed steps %.1f GB/s",
         result.read_bandwidth_after.bytes_per_second / 1e9,

@@ -114,7 +114,7 @@ def test_bench_table_is_the_default_output():
     [
         (["--variants", "warp"], "unknown variants ['warp']"),
         (["--variants", "level3+graphs"], "needs static graphs"),
-        (["--batch-sizes", "0"], "must list positive integers"),
+        (["--batch-sizes", "0"], "must list integers from 1 to 65536"),
         (["-O.levle=3"], "did you mean 'level'"),
     ],
 )
@@ -127,12 +127,16 @@ def test_bench_rejects_bad_arguments_with_the_reason(args, message):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--iterations", "0"], "argument --iterations: expected an integer >= 1, got '0'"),
-        (["--threads", "0"], "argument --threads: expected an integer >= 1, got '0'"),
-        (["--prompt-len", "-4"], "argument --prompt-len: expected an integer >= 1, got '-4'"),
-        (["--tp", "0"], "argument --tp: expected an integer >= 1, got '0'"),
-        (["--tp", "-2"], "argument --tp: expected an integer >= 1, got '-2'"),
-        (["--batch-sizes", "1,x"], "argument --batch-sizes: '1,x' must list positive integers"),
+        (["--iterations", "0"], "argument --iterations: expected an integer from 1 to 1000000"),
+        (["--iterations", "9" * 30], "argument --iterations: expected an integer from 1 to"),
+        (["--threads", "0"], "argument --threads: expected an integer from 1 to"),
+        # torch.set_num_threads takes 100000, then crashes the process at exit
+        (["--threads", "100000"], "argument --threads: expected an integer from 1 to"),
+        (["--prompt-len", "-4"], "argument --prompt-len: expected an integer from 1 to"),
+        (["--tp", "0"], "argument --tp: expected an integer from 1 to 1024, got '0'"),
+        (["--tp", "-2"], "argument --tp: expected an integer from 1 to 1024, got '-2'"),
+        (["--batch-sizes", "1,x"], "argument --batch-sizes: '1,x' must list integers from 1"),
+        (["--batch-sizes", "1,70000"], "'1,70000' must list integers from 1 to 65536"),
         (["--dtype", "float64"], "argument --dtype: 'float64' must list dtypes among float32"),
         (["--dtype", ""], "argument --dtype: '' must list dtypes among float32, bfloat16"),
     ],

@@ -104,6 +104,13 @@ def test_table_shows_every_bundled_platform_and_why_some_are_unavailable():
     assert rows["status"] == ["unavailable", "unavailable", "selected"]
     assert rows["graph modes"][BUNDLED.index("cpu")] == "NONE"
     assert rows["graph modes"][BUNDLED.index("cuda")].startswith("NONE, PIECEWISE")
+    assert rows["default graph mode"] == ["FULL_AND_PIECEWISE", "FULL_AND_PIECEWISE", "NONE"]
+    assert "cpu default graph mode NONE: platform cpu has no static graphs" in result.stdout
+    assert (
+        "cuda default graph mode FULL_AND_PIECEWISE: platform cuda has static graphs and "
+        "attention backend TRITON_PAGED (ALWAYS) may be captured in full graphs of "
+        "uniform-decode batches"
+    ) in result.stdout
     assert "rms_norm" in rows["custom-op replacements"][BUNDLED.index("cuda")]
     assert rows["custom-op key"] == ["forward_oot", "forward_cuda", "forward_cpu"]
     assert "cuda is unavailable: " in result.stdout
@@ -125,6 +132,10 @@ def test_json_describes_each_platform_without_errors():
     assert platforms["cpu"]["communicator"]["backend"] == "gloo"
     assert platforms["cuda"]["communicator"]["backend"] == "nccl"
     assert platforms["cuda"]["custom_ops"] == ["rms_norm", "rotary_embedding", "silu_and_mul"]
+    stub = platforms["ascend_stub"]["default_graph_mode"]
+    assert stub["mode"] == "FULL_AND_PIECEWISE"
+    assert "ASCEND_STUB_REFERENCE (UNIFORM_DECODE) may be captured" in stub["reason"]
+    assert platforms["cpu"]["default_graph_mode"]["mode"] == "NONE"
 
 
 def test_markdown_is_a_well_formed_table():
@@ -138,17 +149,31 @@ def test_markdown_is_a_well_formed_table():
         assert len(re.findall(r"(?<!\\)\|", line)) == len(BUNDLED) + 2, line
 
 
+ALL_MODES = ["NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE"]
+
+
 @pytest.mark.parametrize(
-    "graph_support, graph_api, modes",
+    "graph_support, graph_api, modes, default",
     [
-        ("ALWAYS", "return GraphApi()", ["NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE"]),
-        ("UNIFORM_DECODE", "return GraphApi()", ["NONE", "PIECEWISE", "FULL_AND_PIECEWISE"]),
-        ("PIECEWISE_ONLY", "return GraphApi()", ["NONE", "PIECEWISE"]),
-        ("ALWAYS", "return None", ["NONE"]),  # no GraphAPI: no static graphs at all
+        ("ALWAYS", "return GraphApi()", ALL_MODES, ("FULL_AND_PIECEWISE", "VENDOR_ATTN (ALWAYS)")),
+        (
+            "UNIFORM_DECODE",
+            "return GraphApi()",
+            ["NONE", "PIECEWISE", "FULL_AND_PIECEWISE"],
+            ("FULL_AND_PIECEWISE", "VENDOR_ATTN (UNIFORM_DECODE) may be captured"),
+        ),
+        (
+            "PIECEWISE_ONLY",
+            "return GraphApi()",
+            ["NONE", "PIECEWISE"],
+            ("PIECEWISE", "VENDOR_ATTN has graph_support PIECEWISE_ONLY"),
+        ),
+        # No GraphAPI: no static graphs at all.
+        ("ALWAYS", "return None", ["NONE"], ("NONE", "platform vendor has no static graphs")),
     ],
 )
 def test_unavailable_vendor_platform_is_described_and_full_graphs_need_attention_support(
-    dists, graph_support, graph_api, modes
+    dists, graph_support, graph_api, modes, default
 ):
     plugin = vendor_plugin("vendor", graph_support=graph_support, graph_api=graph_api)
     dists.add("slotwise-vendor", plugin)
@@ -157,12 +182,16 @@ def test_unavailable_vendor_platform_is_described_and_full_graphs_need_attention
     vendor = next(p for p in json.loads(result.stdout)["platforms"] if p["name"] == "vendor")
     assert vendor["status"] == "unavailable" and vendor["reason"] == "no vendor card"
     assert vendor["graph_modes"] == modes
+    mode, reason = default
+    assert vendor["default_graph_mode"]["mode"] == mode
+    assert reason in vendor["default_graph_mode"]["reason"]
     assert vendor["dtypes"] == ["float16"]
     assert vendor["communicator"] == {"backend": "vendorccl", "class": None}
     assert vendor["custom_ops"] == ["rms_norm"]
     assert vendor["errors"] == {}
     rows = table_rows(matrix_in(dists, "matrix").stdout)
     assert rows["communicator"][rows["feature"].index("vendor")] == "vendorccl: not implemented"
+    assert rows["default graph mode"][rows["feature"].index("vendor")] == mode
 
 
 def test_broken_plugins_show_errors_in_their_cells_and_the_rest_still_prints(dists):
@@ -180,6 +209,8 @@ def test_broken_plugins_show_errors_in_their_cells_and_the_rest_still_prints(dis
     nographs = rows["feature"].index("nographs")
     cpu = rows["feature"].index("cpu")
     assert rows["graph modes"][noclass] == "error, see notes"
+    assert rows["default graph mode"][noclass] == "error, see notes"
+    assert rows["default graph mode"][nographs] == "error, see notes"
     assert rows["communicator"][noclass] == "error, see notes"
     assert rows["attention backends"][noclass] == "VENDOR_ATTN"
     assert rows["graph modes"][nographs] == "error, see notes"
@@ -188,6 +219,7 @@ def test_broken_plugins_show_errors_in_their_cells_and_the_rest_still_prints(dis
     assert "noclass platform: PlatformError" in result.stdout
     assert "cannot get 'Missing' from module 'slotwise_noclass'" in result.stdout
     assert "nographs graph modes: RuntimeError: graphs exploded" in result.stdout
+    assert "nographs default graph mode: RuntimeError: graphs exploded" in result.stdout
     assert "nographs attention backend no_such_module:Backend: AttentionBackendError" in (
         result.stdout
     )

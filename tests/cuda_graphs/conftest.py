@@ -13,7 +13,12 @@ import contextlib
 from typing import Any
 
 import pytest
-import triton_support  # noqa: F401  (first: Triton picks its interpreter at import)
+from triton_support import (  # first: Triton picks its interpreter at import
+    ON_GPU,
+    helpers_interpreted,
+    import_interpreted,
+    interpreting,
+)
 
 from slotwise.platforms import Platform, use_platform
 from slotwise_ascend_stub.graphs import StubNpuGraphAPI
@@ -62,3 +67,15 @@ def graph_platform_with() -> Any:
             return api
 
         yield use
+
+
+@pytest.fixture
+def interpreted_triton():
+    """Runs the CUDA plugin's Triton kernels on CPU tensors, in Triton's interpreter."""
+    if ON_GPU:
+        pytest.skip("on a GPU triton compiles for the device; test_real_cuda_graphs covers it")
+    if not helpers_interpreted():
+        pytest.fail("triton.language was imported before tests/triton_support.py set it up")
+    import_interpreted("slotwise_cuda.kernels.attention")
+    with interpreting():
+        yield

@@ -88,3 +88,13 @@ def test_buffers_refuse_sizes_above_their_size():
     buffers = StaticInputBuffers(2, {"x": ((8,), torch.float32)}, "cpu")
     with pytest.raises(ValueError, match="exceeds"):
         buffers.fill(3, x=torch.zeros(3, 8))
+
+
+def test_padding_rows_never_hold_what_a_larger_step_left():
+    """A step-wide reduction over the padded rows (dynamic rope takes the step's largest
+    position) sees only this step's values."""
+    buffers = StaticInputBuffers(8, {"positions": ((), torch.int64)}, "cpu")
+    buffers.fill(8, positions=torch.arange(100, 108))
+    padded = buffers.fill(4, positions=torch.tensor([3, 4]))["positions"]
+    assert padded.tolist() == [3, 4, 0, 0]
+    assert padded.max().item() == 4

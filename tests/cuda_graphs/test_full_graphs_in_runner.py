@@ -8,7 +8,6 @@ tokens only if the runner refills the static metadata in place.
 from __future__ import annotations
 
 import pytest
-from triton_support import ON_GPU, helpers_interpreted, import_interpreted, interpreting
 
 from slotwise.compilation import CompilationConfig, ConfigError, counters
 from slotwise.compilation.static_graph import reset_capture_window
@@ -99,18 +98,6 @@ def test_the_scratch_block_is_reserved_for_the_runners_lifetime(graph_platform_w
     assert runner.allocator.num_free_blocks == 31
     requests = runner.add_requests([[1] * 16] * 3, 80)  # every other block
     assert scratch not in {block for request in requests for block in request.block_ids}
-
-
-@pytest.fixture
-def interpreted_triton():
-    """Runs the CUDA plugin's Triton kernels on CPU tensors, in Triton's interpreter."""
-    if ON_GPU:
-        pytest.skip("on a GPU triton compiles for the device; test_real_cuda_graphs covers it")
-    if not helpers_interpreted():
-        pytest.fail("triton.language was imported before tests/triton_support.py set it up")
-    import_interpreted("slotwise_cuda.kernels.attention")
-    with interpreting():
-        yield
 
 
 def test_full_graphs_capture_mixed_batches_with_the_triton_backend(

@@ -4,10 +4,12 @@ a GPU machine, lent rarely and briefly, runs it."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import clean_env
@@ -27,37 +29,109 @@ def test_gpu_benchmark_names_the_platform_it_needs():
     assert "gpu_decode needs a platform with static graphs (cuda), not cpu" in result.stderr
 
 
+GRAPH_VARIANTS = ("eager", "level3+graphs", "level3+full_graphs")
+
+
 @pytest.mark.slow
 def test_gpu_check_script_runs_end_to_end_on_simulated_graphs(tmp_path):
     # What a GPU machine runs, minus the GPU: a venv over this interpreter's packages, the
-    # editable installs, the `cuda` tests (all skipped here) and the benchmark.
+    # editable installs, the `cuda` tests (all skipped here), both decode benchmarks and
+    # the step-host-overhead benchmark, each on the tiny preset.
+    decode = "--preset tiny --backend eager --iterations 2 --batch-sizes 1,2 --variants "
+    decode += ",".join(GRAPH_VARIANTS)
     env = clean_env(
         SLOTWISE_PLATFORM="ascend_stub",
         SLOTWISE_ASCEND_STUB_DEVICES="1",
-        GPU_DECODE_ARGS="--preset tiny --backend eager --iterations 2 --batch-sizes 1,2 "
-        "--variants eager,level3+graphs,level3+full_graphs",
+        GPU_DECODE_ARGS=decode,
+        GPU_1B_ARGS=decode,
+        STEP_HOST_OVERHEAD_ARGS="--device cpu --preset tiny --rounds 1 --steps 2",
         PYTHON=sys.executable,
         OUT=str(tmp_path),
     )
     script = ROOT / "tests" / "gpu" / "run_gpu_checks.sh"
     result = subprocess.run(
-        ["bash", str(script)], capture_output=True, text=True, env=env, timeout=300
+        ["bash", str(script)], capture_output=True, text=True, env=env, timeout=600
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "platform ascend_stub: " in result.stdout  # `slotwise env`, run from the venv
+    assert "graphs   FULL_AND_PIECEWISE by default: " in result.stdout
     assert 'skipped="' in (tmp_path / "gpu_tests.xml").read_text()
-    report = json.loads((tmp_path / "gpu_decode.json").read_text())
-    measured = {(m["variant"], m["batch_size"]) for m in report["measurements"]}
-    assert measured == {
-        (variant, batch)
-        for variant in ("eager", "level3+graphs", "level3+full_graphs")
-        for batch in (1, 2)
+    assert "step_host_overhead failed" not in result.stdout
+    assert json.loads((tmp_path / "step_host_overhead.json").read_text())
+    for name in ("gpu_decode", "gpu_decode_1b"):
+        report = json.loads((tmp_path / f"{name}.json").read_text())
+        measured = {(m["variant"], m["batch_size"]) for m in report["measurements"]}
+        assert measured == {(variant, batch) for variant in GRAPH_VARIANTS for batch in (1, 2)}
+        assert all(m["max_abs_logit_diff"] < 0.05 for m in report["measurements"])
+        assert all(m["roofline_fraction"] > 0 for m in report["measurements"])
+        assert [note.split(":")[0] for note in report["notes"]] == [
+            "default graph mode FULL_AND_PIECEWISE (level3+full_graphs)",
+            "piecewise vs eager at batch 1",
+            "piecewise capture per size",
+            "full graphs capture per size",
+            "default mode vs full graphs at batch 1",
+            "full graphs at batch 1",
+            "piecewise vs full graphs at batch 1",
+        ]
+        markdown = (tmp_path / f"{name}.md").read_text()
+        assert markdown.startswith("GPU decode step, preset tiny")
+    for part in ("tests marked cuda", "gpu_decode, small", "step_host_overhead", "done"):
+        assert f"== {part}" in result.stdout
+
+
+def measurement(variant: str, batch: int, p50_ms: float, **extra: float) -> dict[str, Any]:
+    return {
+        "variant": variant,
+        "batch_size": batch,
+        "p50_ms": p50_ms,
+        "speedup_vs_eager": 1.0,
+        "capture_seconds": 0.1,
+        "roofline_fraction": 0.0,
+        **extra,
     }
-    assert all(m["max_abs_logit_diff"] < 0.05 for m in report["measurements"])
-    assert [note.split(":")[0] for note in report["notes"]] == [
-        "piecewise vs eager at batch 1",
-        "piecewise capture per size",
-        "full graphs capture per size",
-        "piecewise vs full graphs at batch 1",
-    ]
-    assert (tmp_path / "gpu_decode.md").read_text().startswith("GPU decode step, preset tiny")
+
+
+def gpu_decode() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "gpu_decode", ROOT / "benchmarks" / "gpu_decode.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return module
+
+
+@pytest.mark.parametrize(
+    "piecewise_ms, fraction, piecewise_verdict, roofline_verdict",
+    [(1.05, 0.7, "PASS", "PASS"), (1.2, 0.5, "FAIL", "FAIL")],
+)
+def test_the_notes_judge_the_1b_targets_from_the_measurements(
+    piecewise_ms, fraction, piecewise_verdict, roofline_verdict
+):
+    result = {
+        "preset": "1b",
+        "default_graph_mode": {
+            "mode": "FULL_AND_PIECEWISE",
+            "variant": "level3+full_graphs",
+            "reason": "why",
+        },
+        "measurements": [
+            measurement("level3+graphs", 1, piecewise_ms),
+            measurement("level3+full_graphs", 1, 1.0, roofline_fraction=fraction),
+            measurement("torch.compile:reduce-overhead", 1, 1.3),
+            measurement("level3+graphs", 8, 2.0),
+            measurement("torch.compile:reduce-overhead", 8, 1.9),
+        ],
+    }
+    notes = {note.split(":")[0]: note for note in gpu_decode().target_notes(result, 2)}
+    assert notes["piecewise vs full graphs at batch 1"].endswith(
+        f"(target <= 1.1x: {piecewise_verdict})"
+    )
+    assert notes["full graphs at batch 1"].endswith(f"(target >= 0.6: {roofline_verdict})")
+    assert notes["default mode vs full graphs at batch 1"].endswith("PASS)")
+    # Piecewise is slower than reduce-overhead at batch 8 only; full graphs everywhere faster.
+    assert notes["level3+graphs vs reduce-overhead, slowest batch size (8)"].endswith("FAIL)")
+    assert notes["level3+full_graphs vs reduce-overhead, slowest batch size (1)"].endswith("PASS)")

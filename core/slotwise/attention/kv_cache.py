@@ -84,11 +84,18 @@ class BlockAllocator:
 def write_to_kv_cache(
     key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """Store ``key``/``value`` [num_tokens, num_kv_heads, head_size] at ``slot_mapping``."""
-    _, num_blocks, block_size, num_kv_heads, head_size = kv_cache.shape
-    slots = num_blocks * block_size
-    kv_cache[0].view(slots, num_kv_heads, head_size).index_copy_(0, slot_mapping, key)
-    kv_cache[1].view(slots, num_kv_heads, head_size).index_copy_(0, slot_mapping, value)
+    """Store ``key``/``value`` [num_tokens, num_kv_heads, head_size] at ``slot_mapping``.
+
+    Rows past ``len(slot_mapping)`` (padding to a static-graph size) are not stored, so
+    callers need not slice them off first.
+    """
+    two, num_blocks, block_size, num_kv_heads, head_size = kv_cache.shape
+    slots = kv_cache.view(two, num_blocks * block_size, num_kv_heads, head_size)
+    count = slot_mapping.shape[0]
+    if key.shape[0] != count:
+        key, value = key[:count], value[:count]
+    slots[0].index_copy_(0, slot_mapping, key)
+    slots[1].index_copy_(0, slot_mapping, value)
 
 
 def allocate_kv_caches(

@@ -8,8 +8,10 @@ per-request view (query length, tokens already cached, block ids) into tensors.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -43,10 +45,43 @@ class AttentionMetadata:
     num_decodes: int
     #: Query tokens of the decodes (equal to ``num_decodes``; rows ``:num_decode_tokens``).
     num_decode_tokens: int
+    #: What a backend derives from this metadata for one layer and every other layer
+    #: reuses: one metadata object serves all layers of a step, so whatever is stored
+    #: here (checked argument layouts, bound kernel launches) is worked out once per step.
+    step_cache: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def num_reqs(self) -> int:
         return self.num_decodes + self.num_prefills
+
+    @functools.cached_property
+    def split(self) -> BatchSplit:
+        """The decode head and the prefill tail of the batch as views, sliced once per
+        step instead of once per layer."""
+        decodes = self.num_decodes
+        prefill_starts = self.query_start_loc[decodes:]
+        return BatchSplit(
+            decode_block_table=self.block_table[:decodes],
+            decode_seq_lens=self.seq_lens[:decodes],
+            prefill_block_table=self.block_table[decodes:],
+            prefill_seq_lens=self.seq_lens[decodes:],
+            prefill_query_start_loc=(
+                prefill_starts - decodes if decodes and self.num_prefills else prefill_starts
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class BatchSplit:
+    """``AttentionMetadata.split``: the per-request tensors of the decodes (rows
+    ``:num_decodes``) and of the prefills (the rest), for a kernel per part."""
+
+    decode_block_table: torch.Tensor
+    decode_seq_lens: torch.Tensor
+    prefill_block_table: torch.Tensor
+    prefill_seq_lens: torch.Tensor
+    #: int32 [num_prefills + 1]: the prefills' query rows, counted from the first of them.
+    prefill_query_start_loc: torch.Tensor
 
 
 class AttentionMetadataBuilder:
@@ -86,14 +121,15 @@ class AttentionMetadataBuilder:
                 row, context_len, context_len + query_len, self.block_size
             )
         width = max((len(row) for row in blocks), default=0)
-        table = [row + [0] * (width - len(row)) for row in blocks]
+        table = [block for row in blocks for block in row + [0] * (width - len(row))]
         num_tokens = starts[-1]
+        query_start_loc, seq_lens_tensor, flat_table = self._int32_tensors(starts, seq_lens, table)
         return AttentionMetadata(
             num_actual_tokens=num_tokens,
-            query_start_loc=self._tensor(starts, torch.int32),
-            seq_lens=self._tensor(seq_lens, torch.int32),
-            slot_mapping=self._tensor(slots, torch.int64),
-            block_table=self._tensor(table, torch.int32).reshape(len(blocks), width),
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens_tensor,
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),
+            block_table=flat_table.view(len(blocks), width),
             max_query_len=max(queries, default=0),
             max_seq_len=max(seq_lens, default=0),
             num_prefills=len(queries) - num_decodes,
@@ -125,8 +161,23 @@ class AttentionMetadataBuilder:
                     f"{needed} blocks of {self.block_size}, but has {len(row)} block ids"
                 )
 
-    def _tensor(self, values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype, device=self.device)
+    def _int32_tensors(self, *parts: list[int]) -> list[torch.Tensor]:
+        """``parts`` as int32 tensors made by one host-to-device copy: views of one
+        tensor, each starting on a 16-byte boundary, as kernels read aligned pointers
+        fastest (and Triton specialises on the alignment)."""
+        flat: list[int] = []
+        starts = []
+        for part in parts:
+            starts.append(len(flat))
+            flat += part
+            flat += [0] * (-len(flat) % _INT32_PER_16_BYTES)
+        packed = torch.tensor(flat, dtype=torch.int32, device=self.device)
+        return [
+            packed[start : start + len(part)] for start, part in zip(starts, parts, strict=True)
+        ]
+
+
+_INT32_PER_16_BYTES = 4
 
 
 def _ints(values: Sequence[int] | torch.Tensor) -> list[int]:

@@ -6,12 +6,18 @@ import argparse
 import json
 from typing import Any
 
-from slotwise.cli.arguments import add_tp_argument, int_at_least
+from slotwise.cli.arguments import MAX_TOKENS, add_tp_argument, int_in, usable_cpus
 from slotwise.cli.table import format_table
 from slotwise.errors import SlotwiseError
 
 #: The dtypes --dtype accepts (torch's names).
 DTYPES = ("float32", "bfloat16", "float16")
+#: Bounds of the counts: far past any useful run, well short of what overflows or
+#: allocates without end.
+MAX_REPEATS = 1000
+MAX_ITERATIONS = 1_000_000
+MAX_LAYERS = 1024
+MAX_BATCH_SIZE = 65536
 
 
 class BenchArgumentError(SlotwiseError):
@@ -34,17 +40,20 @@ def add_parser(commands: Any, name: str) -> None:
         help="decode (default): step latency; startup: fresh processes timed to the first token",
     )
     parser.add_argument(
-        "--repeats", type=int_at_least(1), default=3, help="startup: rounds of processes (>= 1)"
+        "--repeats",
+        type=int_in(1, MAX_REPEATS),
+        default=3,
+        help=f"startup: rounds of processes (1 to {MAX_REPEATS})",
     )
     parser.add_argument(
         "--layers",
-        type=int_at_least(1),
+        type=int_in(1, MAX_LAYERS),
         default=None,
-        help="startup with --preset: build the preset with this many layers (>= 1)",
+        help=f"startup with --preset: build the preset with this many layers (1 to {MAX_LAYERS})",
     )
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
-        "--preset", default="small", help="model preset (tiny, small, llama-3.2-1b)"
+        "--preset", default="small", help="model preset (tiny, small, 1b: Llama-3.2-1B shapes)"
     )
     source.add_argument(
         "--model",
@@ -56,7 +65,7 @@ def add_parser(commands: Any, name: str) -> None:
         "--batch-sizes",
         type=_sizes,
         default="1,4,16",
-        help="comma-separated decode batch sizes, each >= 1",
+        help=f"comma-separated decode batch sizes, each from 1 to {MAX_BATCH_SIZE}",
     )
     parser.add_argument(
         "--variants",
@@ -68,12 +77,15 @@ def add_parser(commands: Any, name: str) -> None:
     )
     parser.add_argument(
         "--prompt-len",
-        type=int_at_least(1),
+        type=int_in(1, MAX_TOKENS),
         default=32,
         help="tokens cached per request, from 1 to the preset's max_position - 1",
     )
     parser.add_argument(
-        "--iterations", type=int_at_least(1), default=30, help="timed steps per variant (>= 1)"
+        "--iterations",
+        type=int_in(1, MAX_ITERATIONS),
+        default=30,
+        help=f"timed steps per variant (1 to {MAX_ITERATIONS})",
     )
     parser.add_argument(
         "--dtype",
@@ -84,9 +96,10 @@ def add_parser(commands: Any, name: str) -> None:
     )
     parser.add_argument(
         "--threads",
-        type=int_at_least(1),
+        type=int_in(1, usable_cpus()),
         default=None,
-        help="torch intra-op threads (default: torch's choice; 1 is steadier on a busy machine)",
+        help="torch intra-op threads, up to the CPUs this process may use (default: torch's "
+        "choice; 1 is steadier on a busy machine)",
     )
     add_tp_argument(parser, "bench")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -98,8 +111,10 @@ def _sizes(text: str) -> list[int]:
         sizes = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         sizes = []
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must list positive integers, e.g. 1,4,16")
+    if not sizes or not all(1 <= size <= MAX_BATCH_SIZE for size in sizes):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must list integers from 1 to {MAX_BATCH_SIZE}, e.g. 1,4,16"
+        )
     return sizes
 
 
@@ -183,6 +198,7 @@ def render(result: dict[str, Any]) -> str:
         f"{after['bytes_per_second'] / 1e9:.1f} GB/s after the steps)"
         + ("" if load is None else f", load average {load[0]:.1f} to {load[1]:.1f}")
     )
+    title += "\ndefault graph mode {mode}: {reason}".format_map(result["default_graph_mode"])
     return title + "\n" + format_table(header, rows)
 
 

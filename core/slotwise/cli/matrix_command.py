@@ -1,8 +1,9 @@
 """``slotwise matrix``: what every installed platform supports, side by side.
 
 ``slotwise env`` says which platform this machine runs; the matrix answers "what
-would I get on the other ones" (graph modes, attention backends, dtypes, the
-communicator, custom-op replacements, the API range), so it looks at every installed
+would I get on the other ones" (graph modes and the default one with its reason,
+attention backends, dtypes, the communicator, custom-op replacements, the API range),
+so it looks at every installed
 platform, available here or not.  Platform classes are instantiated without probing
 any hardware (a ``Platform.__init__`` must not touch devices), and each question is
 asked separately: a plugin that breaks one cell shows an error there, never a crash.
@@ -71,6 +72,7 @@ def _describe(entry: PlatformEntry, status: str, reason: str) -> dict[str, Any]:
         "priority": entry.spec.priority,
         "requires_api": entry.spec.requires_api,
         "graph_modes": None,
+        "default_graph_mode": None,
         "attention_backends": backends,
         "dtypes": None if backends is None else sorted({d for b in loaded for d in b["dtypes"]}),
         "communicator": None,
@@ -83,6 +85,9 @@ def _describe(entry: PlatformEntry, status: str, reason: str) -> dict[str, Any]:
         pieces = "piecewise_backend" not in errors
         data["graph_modes"] = _ask(
             errors, "graph_modes", lambda: _graph_modes(platform, classes, pieces)
+        )
+        data["default_graph_mode"] = _ask(
+            errors, "default_graph_mode", lambda: _default_graph_mode(platform)
         )
         data["communicator"] = _ask(errors, "communicator", lambda: _communicator(platform))
         data["compile_backend"] = platform.default_compile_backend
@@ -160,6 +165,14 @@ def _graph_modes(platform: Platform, attention_backends: list[type], pieces: boo
     ]
 
 
+def _default_graph_mode(platform: Platform) -> dict[str, str]:
+    """The mode a config without one gets here, and why (``default_graph_mode``, for
+    the backend the platform selects)."""
+    from slotwise.compilation.graph_modes import default_graph_mode
+
+    return default_graph_mode(platform).as_dict()
+
+
 def _communicator(platform: Platform) -> dict[str, Any]:
     from slotwise.distributed.communicator import communicator_class
 
@@ -195,6 +208,7 @@ ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("priority", "priority", str),
     ("API range", "requires_api", str),
     ("graph modes", "graph_modes", ", ".join),
+    ("default graph mode", "default_graph_mode", lambda choice: choice["mode"]),
     ("attention backends", "attention_backends", _names),
     ("dtypes", "dtypes", lambda dtypes: ", ".join(dtypes) or "none"),
     ("communicator", "communicator", _communicator_cell),
@@ -218,6 +232,11 @@ def _cells(info: dict[str, Any]) -> tuple[list[str], list[list[str]], list[str]]
     for platform in platforms:
         if platform["reason"] and platform["status"] != "selected":
             notes.append(f"{platform['name']} is {platform['status']}: {platform['reason']}")
+        if platform["default_graph_mode"] is not None:
+            choice = platform["default_graph_mode"]
+            notes.append(
+                f"{platform['name']} default graph mode {choice['mode']}: {choice['reason']}"
+            )
         notes += [
             f"{platform['name']} {labels.get(key, key)}: {error}"
             for key, error in platform["errors"].items()

@@ -6,7 +6,7 @@ import hashlib
 import inspect
 import logging
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,6 +14,7 @@ import torch
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.compile_lock import compile_lock
 from slotwise.compilation.config import CompilationConfig, CompilationLevel
+from slotwise.compilation.graph_modes import attention_backends_of
 from slotwise.compilation.inductor_cache_dir import place_inductor_cache
 from slotwise.compilation.platform_defaults import apply_platform_defaults
 from slotwise.errors import SlotwiseError
@@ -46,8 +47,15 @@ def _guard_filter(warm_start: WarmStartStore | None) -> Callable[[list[Any]], li
     return record_and_drop
 
 
-def prepare_config(config: CompilationConfig, platform: Platform) -> CompilationConfig:
+def prepare_config(
+    config: CompilationConfig,
+    platform: Platform,
+    attention_backends: Sequence[type] | None = None,
+) -> CompilationConfig:
     """A copy of ``config`` adapted by the platform, with every change logged.
+
+    ``attention_backends``: those of the model's layers, which decide the default graph
+    mode (None: the one the platform selects by default).
 
     The diff is logged here rather than trusted to each platform, so a plugin that
     forgets to log cannot change a setting silently.
@@ -55,7 +63,7 @@ def prepare_config(config: CompilationConfig, platform: Platform) -> Compilation
     adapted = config.replace()
     before = adapted.to_dict()
     platform.check_and_update_config(adapted)
-    apply_platform_defaults(platform, adapted)
+    apply_platform_defaults(platform, adapted, attention_backends)
     after = adapted.to_dict()
     for key, value in after.items():
         if before[key] != value:
@@ -115,7 +123,9 @@ class CompiledForward:
         self.module = module
         self.forward = forward
         self.platform = get_current_platform()
-        self.config = prepare_config(config, self.platform)
+        # A model without slotwise Attention layers is judged by the platform's default backend.
+        backends = attention_backends_of(module) or None
+        self.config = prepare_config(config, self.platform, backends)
         # Read now, so a bad SLOTWISE_DISABLE_COMPILE_CACHE fails here and not inside Dynamo.
         self.config.cache_enabled  # noqa: B018
         self.dynamic_arg_dims = dynamic_arg_dims

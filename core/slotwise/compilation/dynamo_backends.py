@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 from tqdm import tqdm
 
 from slotwise.compilation.compile_cache import CompileCache
@@ -157,8 +158,11 @@ class TraceOnceBackend:
             _install_piece_backends(split, capturable, make_backend)
         for piece in pieces:
             if piece.is_splitting:
-                # Call the splitting piece's code directly, not through nn.Module.__call__:
-                # per-step overhead that otherwise grows with every attention layer.
+                # Call the splitting piece's generated code directly, not through
+                # nn.Module.__call__ and the lazy forward of a GraphModule not yet
+                # recompiled: per-step overhead that otherwise grows with every layer.
+                if isinstance(piece.graph, _LazyGraphModule):
+                    piece.graph.real_recompile()
                 split.__dict__[piece.name] = piece.graph.forward
         return split
 

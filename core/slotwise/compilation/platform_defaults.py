@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from slotwise.compilation.config import CompilationLevel, ConfigError, GraphMode
-from slotwise.compilation.graph_modes import supported_graph_modes
+from slotwise.compilation.graph_modes import default_graph_mode, supported_graph_modes
 
 if TYPE_CHECKING:
     from slotwise.compilation.config import CompilationConfig
@@ -15,9 +16,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger("slotwise")
 
 
-def apply_platform_defaults(platform: Platform, config: CompilationConfig) -> None:
+def apply_platform_defaults(
+    platform: Platform,
+    config: CompilationConfig,
+    attention_backends: Sequence[type] | None = None,
+) -> None:
     """Fill in the platform's compile backend and graph mode; refuse what cannot work.
 
+    A config without a graph mode gets ``default_graph_mode`` for the model's
+    ``attention_backends`` (None: the backend the platform selects), its reason logged.
     A graph mode the user asked for on a platform without static graphs is turned
     off with a warning; a mode that contradicts the level is a ConfigError, since
     guessing which of the two settings the user meant would be a silent fallback.
@@ -33,9 +40,9 @@ def apply_platform_defaults(platform: Platform, config: CompilationConfig) -> No
         )
     supported = supported_graph_modes(platform)
     if config.graph_mode is None:
-        wants_graphs = config.level == CompilationLevel.PIECEWISE
-        graphs = wants_graphs and GraphMode.PIECEWISE in supported
-        config.graph_mode = GraphMode.PIECEWISE if graphs else GraphMode.NONE
+        choice = default_graph_mode(platform, attention_backends, config.level)
+        logger.info("graph_mode %s by default: %s", choice.mode.name, choice.reason)
+        config.graph_mode = choice.mode
     elif config.graph_mode not in supported:
         logger.warning(
             "platform %s supports graph modes %s only (static graphs need a GraphAPI): "

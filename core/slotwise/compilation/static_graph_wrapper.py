@@ -68,6 +68,8 @@ class SizeEntry:
     addresses_checked: bool = False
     #: Argument index -> the buffer the graph reads it from (``graph_copy_inputs``).
     buffers: dict[int, torch.Tensor] = field(default_factory=dict)
+    #: Every check this size owes is done and nothing is copied in: a step only replays.
+    replay_only: bool = False
 
 
 class StaticGraphWrapper:
@@ -128,13 +130,18 @@ class StaticGraphWrapper:
     def _run(self, mode: GraphMode, size: int | None, args: Sequence[Any]) -> Any:
         if mode != self.runtime_mode:
             return self.runnable(*args)
+        entry = None if size is None else self.entries.get(size)
+        if entry is not None and entry.replay_only and entry.graph is not None:
+            entry.graph.replay()
+            return entry.outputs
         if size is None or size not in (self.config.capture_sizes or ()):
             raise StaticGraphError(
                 f"{self.name}: this step asks for {mode.name} graphs, but its size {size} is "
                 f"not a capture size; pad the batch to one of {self.config.capture_sizes} "
                 "(slotwise.runner does) or run the step with graph_mode=NONE"
             )
-        entry = self.entries.setdefault(size, SizeEntry())
+        if entry is None:
+            entry = self.entries[size] = SizeEntry()
         if entry.graph is None:
             if entry.warmups_done < self.config.graph_warmups:
                 entry.warmups_done += 1
@@ -148,6 +155,8 @@ class StaticGraphWrapper:
                 check_input_addresses(self.name, size, entry.addresses or [], inputs)
                 entry.addresses_checked = True
             check_outputs = self.config.debug_checks
+            # From the next replay on, nothing is left to check or copy for this size.
+            entry.replay_only = not (self.config.debug_checks or entry.buffers)
         self._replay(size, entry, inputs, check_outputs)
         return entry.outputs
 

@@ -29,8 +29,9 @@ class StaticInputBuffers:
     def fill(self, padded_size: int, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         """Copy ``inputs`` into the buffers and return views of ``padded_size`` rows.
 
-        Rows past an input's own length keep whatever they held; padding rows are
-        computed and then sliced away by the caller, so their content does not matter.
+        Padding rows (past an input's own length) are zeroed: they are computed and
+        sliced away, but a step-wide reduction over them (dynamic rope scaling takes the
+        step's largest position) must not see what an earlier, larger step left there.
         """
         if padded_size > self.max_size:
             raise ValueError(
@@ -41,5 +42,6 @@ class StaticInputBuffers:
         for name, value in inputs.items():
             buffer = self.buffers[name]
             buffer[: value.shape[0]].copy_(value)
+            buffer[value.shape[0] : padded_size].zero_()
             views[name] = buffer[:padded_size]
         return views

@@ -80,12 +80,13 @@ class CpuSdpaImpl(AttentionImpl):
             return
         _write(k[:num_tokens], v[:num_tokens], kv_cache, metadata.slot_mapping)
         key_cache, value_cache = kv_cache.unbind(0)
+        split = metadata.split  # sliced once per step, for every layer
         if num_decodes and kernel:
             paged_decode_op(
                 q[:num_decodes],
                 kv_cache,
-                metadata.block_table[:num_decodes],
-                metadata.seq_lens[:num_decodes],
+                split.decode_block_table,
+                split.decode_seq_lens,
                 output[:num_decodes],
                 self.scale,
             )
@@ -94,8 +95,8 @@ class CpuSdpaImpl(AttentionImpl):
                 q[:num_decodes],
                 key_cache,
                 value_cache,
-                metadata.block_table[:num_decodes],
-                metadata.seq_lens[:num_decodes],
+                split.decode_block_table,
+                split.decode_seq_lens,
             )
         starts = metadata.query_start_loc.tolist()
         seq_lens = metadata.seq_lens.tolist()

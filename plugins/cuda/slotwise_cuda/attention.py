@@ -8,6 +8,10 @@ Triton) is imported on the first forward, not when the backend is selected.
 
 from __future__ import annotations
 
+import functools
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 from slotwise.plugin_api import (
@@ -18,6 +22,9 @@ from slotwise.plugin_api import (
     GraphSupport,
     write_to_kv_cache,
 )
+
+if TYPE_CHECKING:
+    from slotwise.attention.metadata import BatchSplit
 
 
 class TritonPagedBackend(AttentionBackend):
@@ -42,6 +49,19 @@ class TritonPagedBackend(AttentionBackend):
 
 
 class TritonPagedImpl(AttentionImpl):
+    """Per layer and step: one copy into the cache, one launch per part of the batch.
+
+    What is the same for every layer of a step is worked out by the first layer only:
+    the decode/prefill views (``metadata.split``) and the checked, configured launches
+    (in ``metadata.step_cache``, keyed by the layout of the layer's tensors, so a layer
+    laid out differently gets its own checks).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: (kv_cache, its address, its key half, its value half): unbound once per cache.
+        self._halves: tuple[torch.Tensor, int, torch.Tensor, torch.Tensor] | None = None
+
     def forward(
         self,
         layer: Attention,
@@ -52,32 +72,102 @@ class TritonPagedImpl(AttentionImpl):
         metadata: AttentionMetadata,
         output: torch.Tensor,
     ) -> None:
-        from slotwise_cuda.kernels.attention import paged_decode_attention, paged_prefill_attention
-
-        num_tokens = metadata.num_actual_tokens
-        write_to_kv_cache(k[:num_tokens], v[:num_tokens], kv_cache, metadata.slot_mapping)
-        key_cache, value_cache = kv_cache.unbind(0)
+        write_to_kv_cache(k, v, kv_cache, metadata.slot_mapping)
+        key_cache, value_cache = self._cache_halves(kv_cache)
         if q.stride(-1) != 1:  # the kernels take strided rows and heads, not strided values
             q = q.contiguous()
+        split = metadata.split
         decodes = metadata.num_decodes  # one token each: rows 0..decodes-1
         if decodes:
-            paged_decode_attention(
-                q[:decodes],
+            rows_q, rows_out = _rows(q, 0, decodes), _rows(output, 0, decodes)
+            launch = _bound(metadata, rows_q, kv_cache, rows_out, split, decode=True)
+            launch(
+                rows_q,
                 key_cache,
                 value_cache,
-                metadata.block_table[:decodes],
-                metadata.seq_lens[:decodes],
+                split.decode_block_table,
+                split.decode_seq_lens,
+                rows_out,
                 self.scale,
-                output[:decodes],
             )
         if metadata.num_prefills:
-            paged_prefill_attention(
-                q[decodes:num_tokens],
+            num_tokens = metadata.num_actual_tokens
+            rows_q, rows_out = _rows(q, decodes, num_tokens), _rows(output, decodes, num_tokens)
+            launch = _bound(metadata, rows_q, kv_cache, rows_out, split, decode=False)
+            launch(
+                rows_q,
                 key_cache,
                 value_cache,
-                metadata.block_table[decodes:],
-                metadata.query_start_loc[decodes:] - decodes,
-                metadata.seq_lens[decodes:],
+                split.prefill_block_table,
+                split.prefill_seq_lens,
+                rows_out,
                 self.scale,
-                output[decodes:num_tokens],
+                split.prefill_query_start_loc,
             )
+
+    def _cache_halves(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        halves = self._halves
+        if halves is None or halves[0] is not kv_cache or halves[1] != kv_cache.data_ptr():
+            halves = self._halves = (kv_cache, kv_cache.data_ptr(), *kv_cache.unbind(0))
+        return halves[2], halves[3]
+
+
+def _rows(tensor: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """Rows ``start:stop``; the tensor itself when that is all of it (a slice costs a
+    microsecond or two, paid per layer and step)."""
+    return tensor if start == 0 and stop == tensor.shape[0] else tensor[start:stop]
+
+
+def _bound(
+    metadata: AttentionMetadata,
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    out: torch.Tensor,
+    split: BatchSplit,
+    *,
+    decode: bool,
+) -> Any:
+    """The step's checked launch for tensors laid out as these, bound on first use."""
+    key = (
+        decode,
+        q.shape,
+        q.stride(),
+        q.dtype,
+        q.device,
+        out.shape,
+        out.stride(),
+        out.dtype,
+        out.device,
+        kv_cache.shape,
+        kv_cache.stride(),
+        kv_cache.dtype,
+        kv_cache.device,
+    )
+    launch = metadata.step_cache.get(key)
+    if launch is None:
+        key_cache, value_cache = kv_cache.unbind(0)
+        kernels = _kernels()
+        if decode:
+            launch = kernels.PagedAttentionLaunch(
+                q, key_cache, value_cache, split.decode_block_table, split.decode_seq_lens, out
+            )
+        else:
+            launch = kernels.PagedAttentionLaunch(
+                q,
+                key_cache,
+                value_cache,
+                split.prefill_block_table,
+                split.prefill_seq_lens,
+                out,
+                split.prefill_query_start_loc,
+            )
+        metadata.step_cache[key] = launch
+    return launch
+
+
+@functools.cache
+def _kernels() -> ModuleType:
+    """The kernels module, imported (with Triton) on the first forward."""
+    from slotwise_cuda.kernels import attention
+
+    return attention

@@ -196,53 +196,107 @@ def _check_common(
     check_tensor("out", out, q_layout, q.shape, (q.dtype,), device)
 
 
-def _launch(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    out: torch.Tensor,
-    decode: bool,
-) -> None:
-    num_seqs = seq_lens.shape[0]
-    if num_seqs == 0:
-        return
-    num_heads, head_size = q.shape[1:]
-    num_kv_heads = k_cache.shape[2]
-    group = num_heads // num_kv_heads
-    block_m = max(_DECODE_ROWS if decode else _PREFILL_ROWS, triton.next_power_of_2(group))
-    block_q = block_m // group
-    num_q_tiles = num_seqs if decode else q.shape[0] // block_q + num_seqs
-    grid = (num_q_tiles, num_kv_heads)
-    _paged_attention_kernel[grid](
-        q,
-        k_cache,
-        v_cache,
-        out,
-        block_table,
-        query_start_loc,
-        seq_lens,
-        scale * math.log2(math.e),
-        num_seqs,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        *k_cache.stride()[:3],
-        *v_cache.stride()[:3],
-        block_table.stride(0),
-        HEAD_SIZE=head_size,
-        BLOCK_D=max(16, triton.next_power_of_2(head_size)),
-        CACHE_BLOCK_SIZE=k_cache.shape[1],
-        GROUP=group,
-        BLOCK_Q=block_q,
-        BLOCK_M=block_m,
-        BLOCK_N=_BLOCK_N[q.dtype],
-        DECODE=decode,
-    )
+_LOG2_E = math.log2(math.e)
+
+
+class PagedAttentionLaunch:
+    """The kernel's launch for one layout of its arguments, checked and configured once.
+
+    Checking the arguments and working out the grid, the tile sizes and the strides cost
+    more host time than the launch itself.  A binding does both once, for the shapes,
+    strides, dtypes and devices of the tensors it is made with; calling it launches on
+    tensors of that same layout without checking again.  Every layer of a step shares
+    one layout, so a backend binds once per step (``AttentionMetadata.step_cache``).
+    ``query_start_loc`` None binds the decode kernel (one query token per sequence).
+    """
+
+    def __init__(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        out: torch.Tensor,
+        query_start_loc: torch.Tensor | None = None,
+    ) -> None:
+        decode = query_start_loc is None
+        layout = (
+            "[num_seqs, num_heads, head_size]" if decode else "[num_tokens, num_heads, head_size]"
+        )
+        _check_common(q, k_cache, v_cache, block_table, seq_lens, out, layout)
+        num_seqs = seq_lens.shape[0]
+        if decode and q.shape[0] != num_seqs:
+            raise ValueError(
+                f"q: expected shape {layout} with num_seqs = {num_seqs} "
+                f"(from seq_lens), got {tuple(q.shape)}"
+            )
+        if query_start_loc is not None:
+            check_tensor(
+                "query_start_loc",
+                query_start_loc,
+                "[num_seqs + 1]",
+                (num_seqs + 1,),
+                (torch.int32,),
+                q.device,
+            )
+        num_heads, head_size = q.shape[1:]
+        num_kv_heads = k_cache.shape[2]
+        group = num_heads // num_kv_heads
+        block_m = max(_DECODE_ROWS if decode else _PREFILL_ROWS, triton.next_power_of_2(group))
+        block_q = block_m // group
+        num_q_tiles = num_seqs if decode else q.shape[0] // block_q + num_seqs
+        #: None when there is no sequence, hence nothing to launch.
+        self.grid = (num_q_tiles, num_kv_heads) if num_seqs else None
+        self.num_seqs = num_seqs
+        self.strides = (
+            q.stride(0),
+            q.stride(1),
+            out.stride(0),
+            out.stride(1),
+            *k_cache.stride()[:3],
+            *v_cache.stride()[:3],
+            block_table.stride(0),
+        )
+        self.constants = {
+            "HEAD_SIZE": head_size,
+            "BLOCK_D": max(16, triton.next_power_of_2(head_size)),
+            "CACHE_BLOCK_SIZE": k_cache.shape[1],
+            "GROUP": group,
+            "BLOCK_Q": block_q,
+            "BLOCK_M": block_m,
+            "BLOCK_N": _BLOCK_N[q.dtype],
+            "DECODE": decode,
+        }
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        out: torch.Tensor,
+        scale: float,
+        query_start_loc: torch.Tensor | None = None,
+    ) -> None:
+        """Launch on tensors laid out as the ones this binding was made with."""
+        if self.grid is None:
+            return
+        # The decode kernel does not read query_start_loc; seq_lens stands in.
+        _paged_attention_kernel[self.grid](
+            q,
+            k_cache,
+            v_cache,
+            out,
+            block_table,
+            seq_lens if query_start_loc is None else query_start_loc,
+            seq_lens,
+            scale * _LOG2_E,
+            self.num_seqs,
+            *self.strides,
+            **self.constants,
+        )
 
 
 def paged_prefill_attention(
@@ -264,28 +318,8 @@ def paged_prefill_attention(
     positions up to and including it. Tokens past ``query_start_loc[-1]`` (padding) are
     left untouched in ``out``.
     """
-    layout = "[num_tokens, num_heads, head_size]"
-    _check_common(q, k_cache, v_cache, block_table, seq_lens, out, layout)
-    num_seqs = seq_lens.shape[0]
-    check_tensor(
-        "query_start_loc",
-        query_start_loc,
-        "[num_seqs + 1]",
-        (num_seqs + 1,),
-        (torch.int32,),
-        q.device,
-    )
-    _launch(
-        q,
-        k_cache,
-        v_cache,
-        block_table,
-        query_start_loc,
-        seq_lens,
-        scale,
-        out,
-        decode=False,
-    )
+    launch = PagedAttentionLaunch(q, k_cache, v_cache, block_table, seq_lens, out, query_start_loc)
+    launch(q, k_cache, v_cache, block_table, seq_lens, out, scale, query_start_loc)
 
 
 def paged_decode_attention(
@@ -302,22 +336,5 @@ def paged_decode_attention(
     ``q``/``out``: ``[num_seqs, num_heads, head_size]``; the token of sequence s sits at
     position ``seq_lens[s] - 1`` and attends to positions ``0..seq_lens[s] - 1``.
     """
-    layout = "[num_seqs, num_heads, head_size]"
-    _check_common(q, k_cache, v_cache, block_table, seq_lens, out, layout)
-    if q.shape[0] != seq_lens.shape[0]:
-        raise ValueError(
-            f"q: expected shape {layout} with num_seqs = {seq_lens.shape[0]} "
-            f"(from seq_lens), got {tuple(q.shape)}"
-        )
-    # The kernel does not read query_start_loc when decoding; seq_lens stands in.
-    _launch(
-        q,
-        k_cache,
-        v_cache,
-        block_table,
-        seq_lens,
-        seq_lens,
-        scale,
-        out,
-        decode=True,
-    )
+    launch = PagedAttentionLaunch(q, k_cache, v_cache, block_table, seq_lens, out)
+    launch(q, k_cache, v_cache, block_table, seq_lens, out, scale)
