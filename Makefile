@@ -4,10 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 # On a GPU machine: make test CONSTRAINTS=/dev/null (lets pip pick a CUDA build of torch).
 CONSTRAINTS ?= constraints-cpu.txt
-PACKAGES := -e ".[dev]" -e plugins/cpu -e plugins/cuda -e plugins/ascend_stub
+PACKAGES := -e ".[dev,docs]" -e plugins/cpu -e plugins/cuda -e plugins/ascend_stub
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint format bench clean
+.PHONY: setup demo test docs lint format bench clean
 
 setup: $(STAMP)
 
@@ -24,10 +24,15 @@ demo: setup
 	$(BIN)/slotwise env
 	$(BIN)/slotwise bench --preset small --batch-sizes 1,4,16
 
-test: setup
+test: setup docs
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
+
+# The documentation site (mkdocs.yml): --strict fails on a broken link or anchor and on a
+# page left out of the nav. The site goes to site/, which git ignores.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 format: setup
 	$(BIN)/ruff format .
@@ -39,4 +44,4 @@ bench: setup
 	$(BIN)/python benchmarks/compile_time.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site

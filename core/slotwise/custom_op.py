@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -29,6 +28,7 @@ from slotwise.compilation.context import get_current_compilation_config
 from slotwise.errors import SlotwiseError
 from slotwise.import_path import check_import_path, resolve_import_path
 from slotwise.platforms import get_current_platform
+from slotwise.platforms.registries import filled_registry
 from slotwise.plugins.registration import own_platform
 
 logger = logging.getLogger("slotwise")
@@ -121,22 +121,9 @@ class CustomOpRegistry:
         return sorted(self._entries)
 
 
-_registry: CustomOpRegistry | None = None
-_registry_lock = threading.Lock()
-
-
 def get_custom_op_registry() -> CustomOpRegistry:
     """The process's registry, filled by the plugins' hooks on first use."""
-    global _registry
-    with _registry_lock:
-        if _registry is None:
-            from slotwise.platforms.resolution import declared_platforms
-            from slotwise.plugins import get_plugin_manager
-
-            _registry = get_plugin_manager().register_all(
-                "slotwise_register_custom_ops", CustomOpRegistry, declared_platforms()
-            )
-        return _registry
+    return filled_registry("slotwise_register_custom_ops", CustomOpRegistry)
 
 
 class CustomOp(nn.Module):

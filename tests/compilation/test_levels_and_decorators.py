@@ -12,6 +12,7 @@ from torch import nn
 import slotwise
 from slotwise.compilation import (
     CompilationConfig,
+    compiled_forward_of,
     counters,
     ignore_torch_compile,
     set_compilation_config,
@@ -277,10 +278,28 @@ def test_slotwise_compile_is_the_functional_form():
     torch.testing.assert_close(out, Plain()(torch.ones(4, 2)))
 
 
+def test_both_ways_of_compiling_answer_the_same_accessor():
+    """The runner finds a model's compilation through compiled_forward_of, whichever way
+    the model was compiled; a model left uncompiled answers None."""
+
+    class Plain(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return attend(x, x, x)
+
+    decorated = SillyModel(compilation_config=eager_config())
+    functional = slotwise.compile(Plain(), eager_config())
+    for model in (decorated, functional):
+        compiled = compiled_forward_of(model)
+        assert compiled is not None and compiled.config.level == 3
+    assert compiled_forward_of(functional) is functional.forward
+    assert compiled_forward_of(slotwise.compile(Plain(), eager_config(level=0))) is None
+    assert compiled_forward_of(SillyModel(compilation_config=eager_config(level=0))) is None
+
+
 def test_cpu_turns_a_requested_graph_mode_off_with_one_warning(caplog):
     with caplog.at_level(logging.INFO, logger="slotwise"):
         model = SillyModel(compilation_config=eager_config(graph_mode="PIECEWISE"))
-    assert model.__dict__["_slotwise_compiled_forward"].config.graph_mode.name == "NONE"
+    assert compiled_forward_of(model).config.graph_mode.name == "NONE"
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "graph_mode=PIECEWISE turned to NONE" in warnings[0].message
     assert any("graph_mode: 'PIECEWISE' -> 'NONE'" in r.getMessage() for r in caplog.records)

@@ -51,3 +51,24 @@ def test_inputs_at_any_address_are_copied_into_the_static_buffers(runner):
     logits = runner.step(sequences)
     assert logits.shape == (1, PRESETS["tiny"].vocab_size)
     assert runner.buffers.buffers["input_ids"][:3].tolist() == ids.tolist()
+
+
+def test_a_model_compiled_with_slotwise_compile_runs_with_graphs(graph_api):
+    """The runner finds a compilation made by slotwise.compile() as it finds one made by
+    @support_torch_compile, so the model is captured and replayed, not run without graphs."""
+    import slotwise
+
+    model = build_llama("tiny", seed=0, compilation_config=CompilationConfig(level=0))
+    config = CompilationConfig(level=3, backend="eager", capture_sizes=[1, 2, 4])
+    slotwise.compile(model.model, config, dynamic_arg_dims={"input_ids": 0, "positions": 0})
+    runner = ModelRunner(model, num_blocks=32)
+    try:
+        assert runner.capture_sizes == [1, 2, 4]
+        with counters.expect(num_graphs_captured=3 * (PRESETS["tiny"].num_layers + 1)):
+            runner.capture(progress=False)
+        tokens = runner.generate(PROMPTS, 4)
+    finally:
+        reset_capture_window()
+    assert graph_api.replays > 0
+    eager = build_llama("tiny", seed=0, compilation_config=CompilationConfig(level=0))
+    assert tokens == ModelRunner(eager, num_blocks=32).generate(PROMPTS, 4)

@@ -63,7 +63,7 @@ def op_classes(monkeypatch: pytest.MonkeyPatch) -> dict[str, type[CustomOp]]:
 def registry(monkeypatch: pytest.MonkeyPatch) -> CustomOpRegistry:
     """An empty replacement registry in place of the one the installed plugins filled."""
     fresh = CustomOpRegistry()
-    monkeypatch.setattr(custom_op_module, "_registry", fresh)
+    monkeypatch.setattr(custom_op_module, "get_custom_op_registry", lambda: fresh)
     return fresh
 
 

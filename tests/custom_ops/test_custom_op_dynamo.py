@@ -65,7 +65,7 @@ def build(custom_ops: list[str], monkeypatch: pytest.MonkeyPatch, replace: bool)
     registry = CustomOpRegistry()
     if replace:
         registry.register("rms_norm", "cpu", replacement_rms_norm)
-    monkeypatch.setattr(custom_op_module, "_registry", registry)
+    monkeypatch.setattr(custom_op_module, "get_custom_op_registry", lambda: registry)
     config = CompilationConfig(backend="eager", custom_ops=custom_ops)
     with use_platform(CpuPlatform()), set_compilation_config(config):
         torch.manual_seed(0)

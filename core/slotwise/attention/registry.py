@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import threading
 from dataclasses import dataclass, field
 
 from slotwise.attention.backend import AttentionBackend
 from slotwise.errors import SlotwiseError
 from slotwise.import_path import check_import_path, resolve_import_path
+from slotwise.platforms.registries import filled_registry
 from slotwise.plugins.registration import own_platform
 
 
@@ -118,21 +118,6 @@ class AttentionBackendRegistry:
         return sorted(chosen, key=lambda e: (-e.priority, e.order))
 
 
-_registry: AttentionBackendRegistry | None = None
-_registry_lock = threading.Lock()
-
-
 def get_attention_backend_registry() -> AttentionBackendRegistry:
     """The process-wide registry; the plugins' hooks run on the first call only."""
-    global _registry
-    with _registry_lock:
-        if _registry is None:
-            from slotwise.platforms.resolution import declared_platforms
-            from slotwise.plugins import get_plugin_manager
-
-            _registry = get_plugin_manager().register_all(
-                "slotwise_register_attention_backends",
-                AttentionBackendRegistry,
-                declared_platforms(),
-            )
-        return _registry
+    return filled_registry("slotwise_register_attention_backends", AttentionBackendRegistry)

@@ -20,6 +20,7 @@ _EXPORTS = {
     "support_torch_compile": "decorators",
     "ignore_torch_compile": "decorators",
     "compile": "decorators",
+    "compiled_forward_of": "decorators",
     "AbstractPiecewiseBackend": "piecewise_backend",
     "CompiledPiecewiseBackend": "piecewise_backend",
     "StaticGraphError": "static_graph",

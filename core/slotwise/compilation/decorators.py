@@ -105,7 +105,7 @@ def support_torch_compile(
 
         @functools.wraps(original_forward)
         def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-            compiled = self.__dict__.get(_COMPILED)
+            compiled = compiled_forward_of(self)
             if compiled is None or torch.compiler.is_compiling():
                 return original_forward(self, *args, **kwargs)
             return compiled(*args, **kwargs)
@@ -148,5 +148,14 @@ def compile(
         return module
     forward = type(module).forward
     dims = check_dynamic_arg_dims(type(module), forward, dynamic_arg_dims)
-    module.forward = CompiledForward(module, forward, config, dims)  # type: ignore[method-assign]
+    compiled = CompiledForward(module, forward, config, dims)
+    module.forward = compiled  # type: ignore[method-assign]
+    module.__dict__[_COMPILED] = compiled
     return module
+
+
+def compiled_forward_of(module: torch.nn.Module) -> CompiledForward | None:
+    """The compilation of ``module`` itself, made by ``@support_torch_compile`` or
+    ``slotwise.compile()``; None when the module is not compiled (level 0, disabled,
+    ignored, or never marked). Submodules are not searched."""
+    return module.__dict__.get(_COMPILED)

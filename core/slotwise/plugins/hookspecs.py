@@ -6,7 +6,16 @@ entry-point group, e.g. in the plugin's pyproject.toml::
     [project.entry-points."slotwise.plugins"]
     myvendor = "slotwise_myvendor.plugin"
 
-and implements some of the hooks below, marked with ``slotwise.plugins.hookimpl``.
+and implements some of the hooks below, marked with ``hookimpl``.  Everything a
+plugin imports comes from ``slotwise.plugin_api``::
+
+    from slotwise.plugin_api import PlatformSpec, hookimpl
+
+    @hookimpl
+    def slotwise_platforms():
+        return [PlatformSpec("myvendor", "slotwise_myvendor.platform:MyPlatform",
+                             probe=lambda: True, priority=200, requires_api=">=1.1,<2")]
+
 Every hook is optional.  Hooks are called once per process, the first time
 slotwise needs their answer; plugins must not do heavy work (import torch,
 initialise a device) inside them.

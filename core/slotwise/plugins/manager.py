@@ -148,6 +148,10 @@ class PluginManager:
                 self._pm.unregister(plugin)
                 self.fail(record, _unknown_hooks_message(unknown))
                 continue
+            wrappers = _wrapper_hooks(self._pm, plugin)
+            if wrappers:
+                self.fail(record, _wrapper_hooks_message(wrappers))
+                continue
             self._warn_renamed_hooks(record, plugin)
             self._warn_unmarked_hooks(record, plugin)
         if self.allow is not None:
@@ -249,7 +253,9 @@ class PluginManager:
     ) -> list[tuple[PluginRecord, Any]]:
         results = []
         caller = getattr(self._pm.hook, hook_name)
-        for impl in reversed(caller.get_hookimpls()):  # registration order
+        # pluggy's own calling order: tryfirst, then the latest registered, then trylast.
+        # Wrappers never get here: registration refuses them (see _wrapper_hooks).
+        for impl in reversed(caller.get_hookimpls()):
             record = self.records[impl.plugin_name]
             if record.status != "loaded":
                 continue
@@ -406,6 +412,29 @@ def _unmarked_hooks(plugin: Any, implements: Callable[[Any, str], bool]) -> list
         if close:
             found.append((name, close[0]))
     return found
+
+
+def _wrapper_hooks(pm: pluggy.PluginManager, plugin: Any) -> list[str]:
+    """The hooks ``plugin`` implements as wrappers (``wrapper=True``, ``hookwrapper=True``).
+
+    slotwise calls each plugin's hook on its own, so that one failing plugin cannot
+    take the others down; a wrapper around the other plugins' calls has no place in
+    that, and called as a plain function it would silently do nothing.
+    """
+    return sorted(
+        caller.name
+        for caller in pm.get_hookcallers(plugin) or []
+        for impl in caller.get_hookimpls()
+        if impl.plugin is plugin and (impl.wrapper or impl.hookwrapper)
+    )
+
+
+def _wrapper_hooks_message(hooks: list[str]) -> str:
+    return (
+        f"implements {', '.join(hooks)} as a hook wrapper (wrapper=True or hookwrapper=True), "
+        "which slotwise does not support: it calls each plugin's hook on its own. Use a "
+        "plain @hookimpl (tryfirst=True and trylast=True order it among the others)"
+    )
 
 
 def _package(obj: Any) -> str:

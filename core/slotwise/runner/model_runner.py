@@ -24,6 +24,7 @@ from slotwise.attention import (
     num_blocks_for,
 )
 from slotwise.compilation.config import CompilationConfig, GraphMode
+from slotwise.compilation.decorators import compiled_forward_of
 from slotwise.compilation.graph_modes import require_graph_mode, step_graph_mode
 from slotwise.forward_context import BatchDescriptor, set_forward_context
 from slotwise.platforms import get_current_platform
@@ -219,16 +220,16 @@ class ModelRunner:
         )
         batch = [sequences[i] for i in order]
         query_lens = [len(s.tokens) - s.num_cached for s in batch]
-        input_ids = torch.tensor(
-            [t for s in batch for t in s.tokens[s.num_cached :]],
+        token_ids = [t for s in batch for t in s.tokens[s.num_cached :]]
+        # One host-to-device copy for both (on a GPU each copy costs the host more than a
+        # kernel launch), each row on a 16-byte boundary, as compiled code expects.
+        pad = [0] * (len(token_ids) % 2)
+        packed = torch.tensor(
+            [token_ids + pad, [p for s in batch for p in range(s.num_cached, len(s.tokens))] + pad],
             dtype=torch.long,
             device=self.device,
         )
-        positions = torch.tensor(
-            [p for s in batch for p in range(s.num_cached, len(s.tokens))],
-            dtype=torch.long,
-            device=self.device,
-        )
+        input_ids, positions = packed[:, : len(token_ids)] if pad else packed
         metadata = self.metadata_builder.build(
             query_lens, [s.num_cached for s in batch], [s.block_ids for s in batch]
         )
@@ -286,7 +287,7 @@ def check_prompts(
 def compiled_config(model: torch.nn.Module) -> CompilationConfig | None:
     """The platform-adjusted config of the first compiled module in ``model``, if any."""
     for module in model.modules():
-        compiled = module.__dict__.get("_slotwise_compiled_forward")
+        compiled = compiled_forward_of(module)
         if compiled is not None:
             return compiled.config
     return None

@@ -4,7 +4,7 @@ Why: a decode step streams every weight and its requests' keys and values from m
 once.  On 4 KiB pages the CPU needs a page-table walk every 4 KiB, and its prefetchers
 stop at each page boundary; on 2 MiB pages both go away.  On an AMD EPYC (Zen 4) a
 level-3 batch-1 step ran 1.27x (float32) and 1.29x (bfloat16) faster this way
-(docs/benchmarks.md).
+(docs/cpu-kernels.md).
 
 How: ``madvise(MADV_HUGEPAGE)`` marks each huge page the tensors touch, and
 ``madvise(MADV_COLLAPSE)`` (Linux 6.1) moves what is already there onto one huge page

@@ -2,7 +2,7 @@
 
 Why: a decode step's LM head reads the largest weight of a small model for a few rows,
 after the compiled model has run; torch's bfloat16 GEMM streams it at half the memory's
-rate (docs/benchmarks.md), the plugin's kernel at its full rate.
+rate (docs/cpu-kernels.md), the plugin's kernel at its full rate.
 """
 
 from __future__ import annotations
