@@ -4,15 +4,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 # On a GPU machine: make test CONSTRAINTS=/dev/null (lets pip pick a CUDA build of torch).
 CONSTRAINTS ?= constraints-cpu.txt
-PACKAGES := -e ".[dev,docs]" -e plugins/cpu -e plugins/cuda -e plugins/ascend_stub
+# The core, the engine (models, generate, bench) and the bundled plugins.
+PACKAGES := -e ".[dev,docs]" -e engine -e plugins/cpu -e plugins/cuda -e plugins/ascend_stub
 STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test docs lint format bench clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml plugins/cpu/pyproject.toml plugins/cuda/pyproject.toml \
-          plugins/ascend_stub/pyproject.toml $(CONSTRAINTS)
+$(STAMP): pyproject.toml engine/pyproject.toml plugins/cpu/pyproject.toml \
+          plugins/cuda/pyproject.toml plugins/ascend_stub/pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c $(CONSTRAINTS) \
 		torch $(PACKAGES)

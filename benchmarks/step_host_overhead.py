@@ -65,8 +65,8 @@ from torch.utils._pytree import tree_leaves
 
 from slotwise.compilation import CompilationConfig
 from slotwise.compilation.compiled_forward import CompiledForward
-from slotwise.compilation.static_graph import reset_capture_window
-from slotwise.compilation.static_graph_wrapper import StaticGraphPiecewiseBackend
+from slotwise.compilation.static_graphs.contract import reset_capture_window
+from slotwise.compilation.static_graphs.wrapper import StaticGraphPiecewiseBackend
 from slotwise.forward_context import set_forward_context
 from slotwise.layers.logits import LogitsHead
 from slotwise.models.llama import PRESETS, build_llama

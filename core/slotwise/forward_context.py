@@ -1,8 +1,8 @@
 """The forward context: per-step state that ops inside a compiled model read.
 
 Attention ops are opaque to the compiler, so they cannot take metadata as traced
-inputs; they read it from here instead.  Piecewise graph backends read the
-runtime graph mode and batch size from here too.
+inputs; they read it from here instead.  The static-graph wrappers read the step's
+graph mode and batch size from here too.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from slotwise.compilation.config import GraphMode
+from slotwise.graph_mode import GraphMode
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,10 @@ class BatchDescriptor:
 @dataclass
 class ForwardContext:
     attn_metadata: Any = None
-    #: Runtime graph mode (NONE, PIECEWISE or FULL); None lets graph backends decide
-    #: from the runtime size alone.
+    #: The step's graph mode (NONE, PIECEWISE or FULL), decided once by the ModelRunner
+    #: (``step_graph_mode``) and trusted by the static-graph wrappers. None (a context set
+    #: by a test or the conformance kit) makes the wrappers apply the runner's rule to the
+    #: size and ``batch_descriptor`` themselves.
     graph_mode: GraphMode | None = None
     batch_descriptor: BatchDescriptor | None = None
     #: Free-form per-step values for plugins (e.g. a vendor's stream handle).

@@ -18,11 +18,16 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from triton_support import ON_GPU, helpers_interpreted, import_interpreted, interpreting
 
 from slotwise.attention import Attention, AttentionBackend, GraphSupport, StaticAttentionMetadata
 from slotwise.forward_context import set_forward_context
 from slotwise.testing.conformance.reference_attention import causal_attention
+from slotwise.testing.triton_interpreter import (
+    ON_GPU,
+    helpers_interpreted,
+    import_interpreted,
+    interpreting,
+)
 from slotwise_ascend_stub.attention import AscendStubReferenceBackend
 from slotwise_cpu.attention import CpuSdpaBackend
 from slotwise_cuda.attention import TritonPagedBackend

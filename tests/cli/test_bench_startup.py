@@ -12,6 +12,7 @@ import pytest
 from support import clean_env
 
 from slotwise import startup_benchmark
+from slotwise.engine_cli.bench_command import render_startup
 from slotwise.startup_benchmark import PHASES, VARIANTS
 
 # The module: the package slotwise.cli exports its main() under the same name.
@@ -60,7 +61,7 @@ def test_the_table_shows_every_variant_phase_and_count():
     result = {"model": "tiny", "layers": 16, "repeats": 2}
     result |= {variant: run for variant in VARIANTS}
     result |= {"warm_over_eager": 1.0, "warm_over_cold": 1.0}
-    table = startup_benchmark.render(result)
+    table = render_startup(result)
     assert table.startswith("slotwise bench startup: tiny with 16 layers, median of 2 rounds")
     for name in (*VARIANTS, *(f"{phase} s" for phase in PHASES), *startup_benchmark.COUNTS):
         assert name in table

@@ -101,6 +101,9 @@ def interrupt(args: list[str], root: Path, *, stderr_says: str = "", stdout_star
         # Watching stdout, it reads stderr at the end only: the log would be there too.
         env=environment(root, **({"SLOTWISE_LOGGING_LEVEL": "WARNING"} if stdout_starts else {})),
         start_new_session=True,  # its own process group, as a terminal's foreground job
+        # Ctrl-C as a terminal delivers it, even where this test runs in the background
+        # (a shell starts background jobs with SIGINT ignored, and children inherit it).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     sent = False
     try:

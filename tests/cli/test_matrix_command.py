@@ -126,7 +126,7 @@ def test_json_describes_each_platform_without_errors():
     assert list(platforms) == list(BUNDLED)
     for platform in platforms.values():
         assert platform["errors"] == {}
-        assert platform["requires_api"] == (">=1.3,<2" if platform["name"] == "cpu" else ">=1.1,<2")
+        assert platform["requires_api"] == (">=1.4,<2" if platform["name"] == "cpu" else ">=1.1,<2")
         assert "float32" in platform["dtypes"]
         assert platform["attention_backends"][0]["name"]
     assert platforms["cpu"]["communicator"]["backend"] == "gloo"

@@ -17,11 +17,11 @@ import torch
 import torch.fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from slotwise.compilation.compile_cache import FACTORS_FILE, CompileCache
+from slotwise.compilation.cache.compile_cache import FACTORS_FILE, CompileCache
+from slotwise.compilation.cache.graph_fingerprint import UnfingerprintableGraph, fingerprint
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.compilers import CompiledPiece, EagerCompiler
 from slotwise.compilation.config import CompilationConfig
-from slotwise.compilation.graph_fingerprint import UnfingerprintableGraph, fingerprint
 
 # --- fingerprints ------------------------------------------------------------------------
 
@@ -464,7 +464,7 @@ PROCESS = textwrap.dedent(
     """
     import json, sys, time
     import torch
-    from slotwise.compilation.compile_cache import CompileCache
+    from slotwise.compilation.cache.compile_cache import CompileCache
     from slotwise.compilation.compile_counters import counters
     from slotwise.compilation.compilers import make_compiler
     from slotwise.compilation.config import CompilationConfig

@@ -15,15 +15,17 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_no_cpp_compiler_stops_before_the_first_compile(tmp_path, monkeypatch):
+def test_no_cpp_compiler_stops_before_the_first_compile(tmp_path):
     from torch._inductor import config as inductor_config
 
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, "no-such-compiler-g++"))
     config = CompilationConfig(
         level=3, backend="inductor", splitting_ops=TOY_SPLITTING_OPS, cache_dir=str(tmp_path)
     )
     model = SillyModel(compilation_config=config)
+    # Inductor's own patch, not monkeypatch: undoing a monkeypatch deletes the setting
+    # from Inductor's config module for the rest of the process.
     with (
+        inductor_config.patch({"cpp.cxx": (None, "no-such-compiler-g++")}),
         counters.expect(num_inductor_compiles=0),
         pytest.raises(ConfigError) as info,
     ):

@@ -11,14 +11,14 @@ import pytest
 from slotwise.attention.backend import GraphSupport
 from slotwise.compilation import CompilationConfig, CompilationLevel, ConfigError, GraphMode
 from slotwise.compilation.compiled_forward import prepare_config
-from slotwise.compilation.graph_modes import (
+from slotwise.compilation.platform_defaults import apply_platform_defaults
+from slotwise.compilation.static_graphs.graph_modes import (
     attention_backends_of,
     default_graph_mode,
     require_graph_mode,
     step_graph_mode,
     supported_graph_modes,
 )
-from slotwise.compilation.platform_defaults import apply_platform_defaults
 from slotwise.forward_context import BatchDescriptor
 from slotwise.platforms import Platform
 

@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from slotwise.compilation.inductor_cache_dir import (
+from slotwise.compilation.cache.inductor_cache_dir import (
     INDUCTOR_CACHE_ENV,
     TRITON_CACHE_ENV,
     place_inductor_cache,

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from slotwise.compilation import isa_probe_cache
+from slotwise.compilation.cache import isa_probe_cache
 
 OTHER_UID = 1000
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.fx
 
-from slotwise.compilation.splitting import op_names, split_graph
+from slotwise.compilation.splitting.fx_split import op_names, split_graph
 from slotwise.testing.toy_models import toy_attention  # noqa: F401 - registers the op
 
 

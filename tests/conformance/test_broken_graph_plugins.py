@@ -117,7 +117,7 @@ UNCHECKED_GRAPHS = """
     from slotwise.plugin_api import CompiledPiecewiseBackend, GraphMode, RecordedGraphAPI
     from slotwise.plugin_api import try_get_forward_context
     from slotwise.compilation import counters
-    from slotwise.compilation.graph_modes import step_graph_mode
+    from slotwise.compilation.static_graphs.graph_modes import step_graph_mode
 
     class UncheckedGraphsBackend(CompiledPiecewiseBackend):
         def __init__(self, graph, config, **kwargs):

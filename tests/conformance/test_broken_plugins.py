@@ -97,7 +97,7 @@ STALE_GRAPHS_PLUGIN = """
 #: returning them: it never reads the inputs again, nor checks their addresses.
 REMEMBERING_GRAPHS = """
     from slotwise.compilation import CompiledPiecewiseBackend, GraphMode, counters
-    from slotwise.compilation.graph_modes import step_graph_mode
+    from slotwise.compilation.static_graphs.graph_modes import step_graph_mode
 
     class RememberingBackend(CompiledPiecewiseBackend):
         def __init__(self, graph, config, **kwargs):

@@ -13,14 +13,14 @@ import contextlib
 from typing import Any
 
 import pytest
-from triton_support import (  # first: Triton picks its interpreter at import
+
+from slotwise.platforms import Platform, use_platform
+from slotwise.testing.triton_interpreter import (  # before triton picks its interpreter
     ON_GPU,
     helpers_interpreted,
     import_interpreted,
     interpreting,
 )
-
-from slotwise.platforms import Platform, use_platform
 from slotwise_ascend_stub.graphs import StubNpuGraphAPI
 
 
@@ -75,7 +75,9 @@ def interpreted_triton():
     if ON_GPU:
         pytest.skip("on a GPU triton compiles for the device; test_real_cuda_graphs covers it")
     if not helpers_interpreted():
-        pytest.fail("triton.language was imported before tests/triton_support.py set it up")
+        pytest.fail(
+            "triton.language was imported before slotwise.testing.triton_interpreter set it up"
+        )
     import_interpreted("slotwise_cuda.kernels.attention")
     with interpreting():
         yield

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from slotwise.compilation import CompilationConfig, counters
-from slotwise.compilation.static_graph import StaticGraphError, reset_capture_window
+from slotwise.compilation.static_graphs.contract import StaticGraphError, reset_capture_window
 from slotwise.platforms import get_current_platform
 from slotwise.runner.capture import capture_graphs
 from slotwise.runner.static_inputs import StaticInputBuffers

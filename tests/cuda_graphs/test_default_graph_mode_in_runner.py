@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from slotwise.compilation import CompilationConfig, GraphMode
-from slotwise.compilation.static_graph import reset_capture_window
+from slotwise.compilation.static_graphs.contract import reset_capture_window
 from slotwise.models.llama import PRESETS, build_llama
 from slotwise.runner.model_runner import ModelRunner
 from slotwise_ascend_stub.attention import AscendStubReferenceBackend

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from slotwise.compilation import CompilationConfig, ConfigError, counters
-from slotwise.compilation.static_graph import reset_capture_window
+from slotwise.compilation.static_graphs.contract import reset_capture_window
 from slotwise.models.llama import PRESETS, LlamaConfig, build_llama
 from slotwise.runner.model_runner import ModelRunner
 from slotwise_ascend_stub.attention import AscendStubReferenceBackend

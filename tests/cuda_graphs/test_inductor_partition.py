@@ -9,12 +9,12 @@ from torch._inductor import utils as inductor_utils
 from torch._subclasses.fake_tensor import FakeTensor
 
 from slotwise.compilation import CompilationConfig, ConfigError, counters
-from slotwise.compilation.inductor_partition import (
+from slotwise.compilation.splitting.inductor_partition import (
     PartitionedInductorCompiler,
     check_partition_supported,
     partition_wrapper_hook,
 )
-from slotwise.compilation.traced_inputs import traced_inputs
+from slotwise.compilation.splitting.traced_inputs import traced_inputs
 from slotwise.testing.toy_models import TOY_SPLITTING_OPS, SillyModel, ToyTransformer
 
 

@@ -13,7 +13,7 @@ import torch
 
 from slotwise.attention import AttentionMetadataBuilder
 from slotwise.compilation import CompilationConfig, counters
-from slotwise.compilation.static_graph import reset_capture_window
+from slotwise.compilation.static_graphs.contract import reset_capture_window
 from slotwise.models.llama import LlamaConfig, build_llama
 from slotwise.runner.model_runner import ModelRunner
 from slotwise_cpu.attention import CpuSdpaBackend

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from slotwise.compilation import CompilationConfig, counters
-from slotwise.compilation.static_graph import (
+from slotwise.compilation.static_graphs.contract import (
     StaticGraphError,
     capture_window,
     reset_capture_window,
@@ -114,6 +114,21 @@ def test_full_and_piecewise_picks_full_for_uniform_decode(graph_api, uniform_dec
     with counters.expect(num_graphs_captured=captured):
         for _ in range(3):
             with set_forward_context(None, batch_descriptor=descriptor):
+                torch.testing.assert_close(model(buffer), reference(buffer))
+
+
+@pytest.mark.parametrize("carried, captured", [("PIECEWISE", 3), ("FULL", 1), ("NONE", 0)])
+def test_the_mode_the_context_carries_is_trusted_over_the_batch_descriptor(
+    graph_api, carried, captured
+):
+    # The runner decides a step's mode once and carries it; the wrappers do not work it
+    # out again: a uniform decode (FULL by the descriptor) runs the graphs carried.
+    model, reference = models(graph_config(graph_mode="FULL_AND_PIECEWISE"))
+    buffer = torch.randn(2, 8)
+    descriptor = BatchDescriptor(num_tokens=2, uniform_decode=True)
+    with counters.expect(num_graphs_captured=captured):
+        for _ in range(3):
+            with set_forward_context(None, graph_mode=carried, batch_descriptor=descriptor):
                 torch.testing.assert_close(model(buffer), reference(buffer))
 
 

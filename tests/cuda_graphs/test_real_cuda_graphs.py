@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from slotwise.compilation import CompilationConfig, counters
-from slotwise.compilation.static_graph import StaticGraphError
+from slotwise.compilation.static_graphs.contract import StaticGraphError
 from slotwise.forward_context import BatchDescriptor, set_forward_context
 from slotwise.platforms import use_platform
 from slotwise.testing.toy_models import TOY_SPLITTING_OPS, SillyModel
@@ -85,7 +85,7 @@ def test_full_graph_on_cuda(cuda_platform):
 
 @pytest.mark.parametrize("graph_mode", ["PIECEWISE", "FULL_AND_PIECEWISE", "FULL"])
 def test_runner_generates_the_eager_tokens_with_cuda_graphs(cuda_platform, graph_mode):
-    from slotwise.compilation.static_graph import reset_capture_window
+    from slotwise.compilation.static_graphs.contract import reset_capture_window
     from slotwise.models.llama import build_llama
     from slotwise.runner.model_runner import ModelRunner
 

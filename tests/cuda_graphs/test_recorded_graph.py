@@ -14,13 +14,18 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from triton_support import ON_GPU, helpers_interpreted, import_interpreted, interpreting
 
 from slotwise.compilation import CompilationConfig, GraphMode, StaticGraphError, counters
-from slotwise.compilation.recorded_graph import RecordedGraphAPI, opaque_call
-from slotwise.compilation.static_graph_wrapper import StaticGraphWrapper
+from slotwise.compilation.static_graphs.recorded_graph import RecordedGraphAPI, opaque_call
+from slotwise.compilation.static_graphs.wrapper import StaticGraphWrapper
 from slotwise.forward_context import BatchDescriptor, get_forward_context, set_forward_context
 from slotwise.testing.toy_models import TOY_SPLITTING_OPS, SillyModel, attend
+from slotwise.testing.triton_interpreter import (
+    ON_GPU,
+    helpers_interpreted,
+    import_interpreted,
+    interpreting,
+)
 
 TOKENS, HIDDEN, HEADS = 6, 16, 2
 
@@ -245,7 +250,9 @@ def test_a_triton_launch_is_recorded_and_launched_again():
         pytest.skip("on a GPU triton compiles for the device; test_real_cuda_graphs covers it")
     pytest.importorskip("numpy", reason="Triton's interpreter needs numpy")
     if not helpers_interpreted():
-        pytest.fail("triton.language was imported before tests/triton_support.py set it up")
+        pytest.fail(
+            "triton.language was imported before slotwise.testing.triton_interpreter set it up"
+        )
     (activation,) = import_interpreted("slotwise_cuda.kernels.activation")
     x, out = torch.randn(3, 8), torch.empty(3, 4)
     graph = RecordedGraphAPI().new_graph()

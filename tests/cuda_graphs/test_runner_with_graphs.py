@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from slotwise.compilation import CompilationConfig, counters
-from slotwise.compilation.static_graph import reset_capture_window
+from slotwise.compilation.static_graphs.contract import reset_capture_window
 from slotwise.models.llama import PRESETS, build_llama
 from slotwise.runner.model_runner import ModelRunner
 

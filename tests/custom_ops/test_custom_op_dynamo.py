@@ -2,7 +2,7 @@
 layer chose, and traces the chosen one (not forward_native behind the user's back).
 
 ``torch._dynamo`` is imported inside the tests, not at collection: it imports
-``triton.language``, which test_custom_op_triton.py must import first, under
+``triton.language``, which slotwise.testing.triton_interpreter must import first, under
 ``TRITON_INTERPRET=1``, where there is no GPU.
 """
 

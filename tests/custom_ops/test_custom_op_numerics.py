@@ -3,7 +3,7 @@ independent reference written here, so switching platform or setting never chang
 model's numbers beyond rounding.  For RMSNorm that includes the ascend stub plugin's
 replacement.
 
-The Triton implementations are checked in test_custom_op_triton.py.
+The Triton implementations are checked in plugins/cuda/tests/test_custom_op_triton.py.
 """
 
 from __future__ import annotations

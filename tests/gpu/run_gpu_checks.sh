@@ -42,7 +42,7 @@ path = sysconfig.get_paths()["purelib"] + "/_outer_sites.pth"
 open(path, "w").write(f"import site; list(map(site.addsitedir, {sys.argv[1]}))\n")
 EOF
 "$venv/bin/python" -m pip install --quiet --no-deps --no-build-isolation --no-index \
-    -e . -e plugins/cpu -e plugins/cuda -e plugins/ascend_stub
+    -e . -e engine -e plugins/cpu -e plugins/cuda -e plugins/ascend_stub
 "$venv/bin/python" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 "$venv/bin/slotwise" env
 
@@ -53,7 +53,7 @@ part() {  # part NAME CAP: announce the part; its limit: CAP, or what is left of
     echo "== $1 (at $SECONDS s, limit $limit s)"
 }
 part "tests marked cuda" "$tests_timeout"
-timeout "$limit" "$venv/bin/python" -m pytest -m cuda -q -p no:cacheprovider tests \
+timeout "$limit" "$venv/bin/python" -m pytest -m cuda -q -p no:cacheprovider tests plugins/cuda/tests \
     --junitxml="$out/gpu_tests.xml" || status=$?
 part "gpu_decode, small" "$decode_timeout"
 # shellcheck disable=SC2086  # the *_ARGS variables hold several arguments

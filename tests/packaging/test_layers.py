@@ -1,7 +1,10 @@
-"""The core's layers (docs/design.md): a module imports only from its own layer or lower
-ones, function-local imports included (names imported for type hints only, under
-``if TYPE_CHECKING:``, are not imports), and the bundled plugins import the core only
-through ``slotwise.plugin_api``. Read from the source, so a cycle cannot come back."""
+"""The layers of slotwise (docs/design.md): a module imports only from its own layer or
+lower ones, function-local imports included (names imported for type hints only, under
+``if TYPE_CHECKING:``, are not imports), each top-level package sits in one layer with
+no import cycle between packages, the core never imports the engine (the
+slotwise-engine distribution's modules, in engine/), and the bundled plugins import the
+core only through ``slotwise.plugin_api``. Read from the source, so a cycle cannot come
+back."""
 
 from __future__ import annotations
 
@@ -12,20 +15,30 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "core" / "slotwise"
+ENGINE = ROOT / "engine" / "slotwise"
+#: Both distributions' halves of the ``slotwise`` package.
+PACKAGE_ROOTS = (CORE, ENGINE)
 PLUGINS = sorted((ROOT / "plugins").glob("*/slotwise_*"))
 
-#: Lowest first. A module belongs to the longest prefix listed.
+#: Lowest first. A module belongs to the longest prefix listed. The engine's library
+#: sits above every library layer of the core and below the command lines, which no
+#: library module imports.
 LAYERS: list[tuple[str, ...]] = [
     ("slotwise.errors", "slotwise.envs", "slotwise.version", "slotwise.api_versioning",
-     "slotwise.import_path", "slotwise.stats", "slotwise.cache_permissions"),
+     "slotwise.import_path", "slotwise.stats", "slotwise.cache_permissions",
+     "slotwise.missing_distribution", "slotwise.config_error", "slotwise.graph_mode"),
     ("slotwise.plugins",),
     ("slotwise.platforms",),
-    ("slotwise.compilation.config", "slotwise.compilation.context", "slotwise.forward_context"),
-    ("slotwise.custom_op",),
-    ("slotwise.attention", "slotwise.distributed", "slotwise.layers"),
+    ("slotwise.forward_context",),
+    ("slotwise.attention", "slotwise.distributed"),
     ("slotwise.compilation",),
-    ("slotwise.models", "slotwise.runner", "slotwise.decode_benchmark"),
-    ("slotwise.plugin_api", "slotwise.testing", "slotwise.cli", "slotwise.__main__", "slotwise"),
+    ("slotwise.custom_op", "slotwise.layers"),
+    ("slotwise.plugin_api", "slotwise.testing", "slotwise"),
+    # the engine's library (engine/slotwise)
+    ("slotwise.models", "slotwise.runner", "slotwise.decode_benchmark",
+     "slotwise.startup_benchmark"),
+    # the command lines, the core's and the engine's
+    ("slotwise.cli", "slotwise.engine_cli", "slotwise.__main__"),
 ]  # fmt: skip
 
 
@@ -44,8 +57,13 @@ def layer_of(module: str) -> int:
 
 
 def module_name(path: Path) -> str:
-    parts = list(path.relative_to(CORE.parent).with_suffix("").parts)
+    root = next(root for root in PACKAGE_ROOTS if path.is_relative_to(root))
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def source_files(root: Path) -> list[Path]:
+    return sorted(root.rglob("*.py"))
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
@@ -76,14 +94,23 @@ def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
     return nodes
 
 
-def _is_module(name: str) -> bool:
-    path = CORE.parent.joinpath(*name.split("."))
-    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+def _is_module(name: str, roots: tuple[Path, ...] = PACKAGE_ROOTS) -> bool:
+    for root in roots:
+        path = root.parent.joinpath(*name.split("."))
+        if path.with_suffix(".py").is_file() or (path / "__init__.py").is_file():
+            return True
+    return False
 
 
-def test_every_core_module_imports_only_its_layer_and_below():
+def _engine_module(name: str) -> bool:
+    """Whether ``name`` is, or is inside, a module of the engine distribution."""
+    parts = name.split(".")
+    return any(_is_module(".".join(parts[:n]), (ENGINE,)) for n in range(2, len(parts) + 1))
+
+
+def test_every_module_imports_only_its_layer_and_below():
     violations = []
-    for path in sorted(CORE.rglob("*.py")):
+    for path in [*source_files(CORE), *source_files(ENGINE)]:
         module = module_name(path)
         own = layer_of(module)
         for line, imported in imported_modules(path):
@@ -93,6 +120,82 @@ def test_every_core_module_imports_only_its_layer_and_below():
                     f"{imported} (layer {layer_of(imported)})"
                 )
     assert not violations, "imports against the layers:\n" + "\n".join(violations)
+
+
+def top_level_package(module: str) -> str:
+    """``slotwise.compilation`` for ``slotwise.compilation.cache.compile_cache``."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_every_top_level_package_sits_in_one_layer():
+    layers: dict[str, set[int]] = {}
+    for path in [*source_files(CORE), *source_files(ENGINE)]:
+        module = module_name(path)
+        layers.setdefault(top_level_package(module), set()).add(layer_of(module))
+    split = {package: sorted(found) for package, found in layers.items() if len(found) > 1}
+    assert not split, f"packages spread over several layers (package: layers): {split}"
+
+
+def test_no_import_cycle_between_top_level_packages():
+    edges: dict[str, set[str]] = {}
+    for path in [*source_files(CORE), *source_files(ENGINE)]:
+        package = top_level_package(module_name(path))
+        imported = {top_level_package(name) for _, name in imported_modules(path)}
+        edges.setdefault(package, set()).update(imported - {package})
+    cycles = sorted({" -> ".join(cycle) for cycle in _cycles(edges)})
+    assert not cycles, "import cycles between packages:\n" + "\n".join(cycles)
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """A cycle back to each package that is the smallest name on one (a search from it
+    through larger names only, so each cycle is reported from one package)."""
+    found = []
+    for start in sorted(edges):
+        pending, seen = [(start, [start])], {start}
+        while pending:
+            node, trail = pending.pop()
+            for target in sorted(edges.get(node, ())):
+                if target == start:
+                    found.append([*trail, start])
+                elif target > start and target not in seen:
+                    seen.add(target)
+                    pending.append((target, [*trail, target]))
+    return found
+
+
+def test_the_core_imports_no_module_of_the_engine():
+    # What `pip install slotwise` alone must run without: the engine is another
+    # distribution, and its modules join the package only when it is installed.
+    violations = [
+        f"{path.relative_to(ROOT)}:{line}: {module_name(path)} imports {imported}"
+        for path in source_files(CORE)
+        for line, imported in imported_modules(path)
+        if _engine_module(imported)
+    ]
+    assert not violations, "the core imports the engine:\n" + "\n".join(violations)
+
+
+def test_the_engine_adds_modules_to_the_core_package_without_replacing_it():
+    # No engine/slotwise/__init__.py: the core's __init__ extends the package's path.
+    assert not (ENGINE / "__init__.py").exists()
+    overlap = sorted(
+        path.relative_to(ENGINE).as_posix()
+        for path in source_files(ENGINE)
+        if (CORE / path.relative_to(ENGINE)).exists()
+    )
+    assert not overlap, f"modules in both distributions: {overlap}"
+
+
+def test_the_runner_modules_do_not_import_each_other():
+    runner = ENGINE / "runner"
+    imports = {
+        module_name(path): {name for _, name in imported_modules(path)}
+        for path in source_files(runner)
+    }
+    cycles = sorted(
+        (a, b) for a, names in imports.items() for b in names if a in imports.get(b, ()) and a < b
+    )
+    assert not cycles, f"runner modules importing each other: {cycles}"
 
 
 @pytest.mark.parametrize("package", PLUGINS, ids=lambda path: path.name)

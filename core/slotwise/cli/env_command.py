@@ -10,10 +10,7 @@ from typing import Any
 
 import slotwise
 from slotwise import envs
-from slotwise.attention.registry import get_attention_backend_registry
 from slotwise.cli.table import format_table
-from slotwise.compilation import graph_modes
-from slotwise.custom_op import get_custom_op_registry
 from slotwise.platforms import PlatformError, get_current_platform, plugin_report
 from slotwise.platforms.unspecified import UnspecifiedPlatform
 from slotwise.plugins.manager import stdout_to_stderr
@@ -26,6 +23,11 @@ def add_parser(commands: Any, name: str) -> None:
 
 def collect() -> dict[str, Any]:
     """Everything `slotwise env` shows, as plain data."""
+    # Here, not at the top: they import torch, which parsing any command must not.
+    from slotwise.attention.registry import get_attention_backend_registry
+    from slotwise.compilation.static_graphs import graph_modes
+    from slotwise.custom_op import get_custom_op_registry
+
     info: dict[str, Any] = {
         "slotwise": slotwise.__version__,
         "api_version": slotwise.API_VERSION,

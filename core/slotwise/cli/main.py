@@ -14,27 +14,31 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Sequence
+from types import ModuleType
 
 from slotwise import envs
 from slotwise.cli import (
-    bench_command,
     conformance_command,
     env_command,
-    generate_command,
     matrix_command,
     new_plugin_command,
 )
 from slotwise.cli.arguments import ArgumentParser
+from slotwise.cli.command_entry_points import BrokenCommand, load_commands
 from slotwise.errors import EnvironmentVariableError, SlotwiseError
+from slotwise.missing_distribution import ENGINE_COMMANDS, engine_missing_message
 
-SUBCOMMANDS = {
+#: The commands of the core; other distributions add theirs through entry points
+#: (command_entry_points), slotwise-engine its ``generate`` and ``bench``.
+BUILT_IN_COMMANDS: dict[str, ModuleType] = {
     "env": env_command,
-    "bench": bench_command,
-    "generate": generate_command,
     "matrix": matrix_command,
     "conformance": conformance_command,
     "new-plugin": new_plugin_command,
 }
+
+logger = logging.getLogger("slotwise")
 
 #: Exit statuses of a command interrupted by Ctrl-C and of one whose stdout was closed.
 INTERRUPTED = 128 + signal.SIGINT
@@ -53,14 +57,39 @@ def configure_logging() -> None:
     logger.setLevel(level)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def all_commands() -> tuple[dict[str, ModuleType], list[BrokenCommand]]:
+    """The built-in commands and those of the ``slotwise.cli_commands`` entry points,
+    by name, and the entry points that could not be loaded."""
+    added, broken = load_commands(BUILT_IN_COMMANDS)
+    return {**BUILT_IN_COMMANDS, **added}, broken
+
+
+def build_parser(commands: dict[str, ModuleType] | None = None) -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="slotwise", description="slotwise: hardware plugin framework for PyTorch inference"
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, module in SUBCOMMANDS.items():
-        module.add_parser(commands, name)
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module in (all_commands()[0] if commands is None else commands).items():
+        module.add_parser(subparsers, name)
     return parser
+
+
+def _unavailable(
+    argv: Sequence[str], commands: dict[str, ModuleType], broken: list[BrokenCommand]
+) -> str | None:
+    """Why the command ``argv`` asks for cannot run, when it is one that failed to load
+    or one of a distribution that is not installed; None otherwise (argparse reports an
+    unknown command with the list of the installed ones)."""
+    requested = next((arg for arg in argv if not arg.startswith("-")), None)
+    if requested is None or requested in commands:
+        return None
+    for command in broken:
+        if command.name == requested:
+            return command.reason
+    if requested in ENGINE_COMMANDS:
+        installed = ", ".join(sorted(commands))
+        return f"{engine_missing_message(f'slotwise {requested}')} (installed: {installed})"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,10 +103,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"slotwise: error: {exc}", file=sys.stderr)
             return 2
         configure_logging()
-        args = build_parser().parse_args(argv)
+        commands, broken = all_commands()
+        unavailable = _unavailable(sys.argv[1:] if argv is None else argv, commands, broken)
+        if unavailable is not None:
+            print(f"slotwise: error: {unavailable}", file=sys.stderr)
+            return 2
+        for command in broken:
+            logger.warning("%s", command.reason)
+        args = build_parser(commands).parse_args(argv)
         prog = f"slotwise {args.command}"
         try:
-            code = SUBCOMMANDS[args.command].run(args)
+            code = commands[args.command].run(args)
         except SlotwiseError as exc:
             if _during_interrupt(exc):
                 raise KeyboardInterrupt from exc

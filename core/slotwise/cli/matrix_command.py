@@ -136,7 +136,7 @@ def _listing(values: tuple[int, ...] | None) -> list[int] | None:
 
 def _check_piecewise_backend(platform: Platform) -> None:
     """Raise what a compile would meet when the platform's own piecewise backend is broken."""
-    from slotwise.compilation.piecewise_backend import AbstractPiecewiseBackend
+    from slotwise.compilation.splitting.piecewise_backend import AbstractPiecewiseBackend
 
     cls = platform.get_piecewise_backend_cls()
     if cls is not None and not (
@@ -153,7 +153,7 @@ def _graph_modes(platform: Platform, attention_backends: list[type], pieces: boo
     backends (``supported_graph_modes``): FULL modes need a backend that may be captured,
     piecewise modes a piecewise backend (``pieces``: the platform's own one works)."""
     from slotwise.compilation.config import GraphMode
-    from slotwise.compilation.graph_modes import supported_graph_modes
+    from slotwise.compilation.static_graphs.graph_modes import supported_graph_modes
 
     modes = {GraphMode.NONE}.union(
         *(supported_graph_modes(platform, cls) for cls in attention_backends)
@@ -168,7 +168,7 @@ def _graph_modes(platform: Platform, attention_backends: list[type], pieces: boo
 def _default_graph_mode(platform: Platform) -> dict[str, str]:
     """The mode a config without one gets here, and why (``default_graph_mode``, for
     the backend the platform selects)."""
-    from slotwise.compilation.graph_modes import default_graph_mode
+    from slotwise.compilation.static_graphs.graph_modes import default_graph_mode
 
     return default_graph_mode(platform).as_dict()
 

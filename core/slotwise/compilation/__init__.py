@@ -1,4 +1,11 @@
-"""Piecewise torch.compile: configuration, decorators, splitting and piecewise backends.
+"""Piecewise torch.compile, grouped by concept.
+
+At the top: the settings (``config``, ``context``), marking models for compilation
+(``decorators``) and what a marked model runs (``compiled_forward``, ``compilers``,
+``compile_lock``, ``platform_defaults``, ``compile_counters``). Below, one subpackage
+each: ``splitting`` (Dynamo graph to pieces and the piecewise backends),
+``static_graphs`` (GraphAPI, the static-graph contract and wrapper, graph modes),
+``cache`` (the compile cache and its keys) and ``warm_start`` (starting without Dynamo).
 
 Names are loaded on first access: ``slotwise.compilation.config`` is used before
 torch is imported, and importing this package must not pull torch in.
@@ -21,9 +28,9 @@ _EXPORTS = {
     "ignore_torch_compile": "decorators",
     "compile": "decorators",
     "compiled_forward_of": "decorators",
-    "AbstractPiecewiseBackend": "piecewise_backend",
-    "CompiledPiecewiseBackend": "piecewise_backend",
-    "StaticGraphError": "static_graph",
+    "AbstractPiecewiseBackend": "splitting.piecewise_backend",
+    "CompiledPiecewiseBackend": "splitting.piecewise_backend",
+    "StaticGraphError": "static_graphs.contract",
     "SizeSpecializationError": "compiled_forward",
 }
 

@@ -11,20 +11,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from slotwise.compilation.cache.inductor_cache_dir import place_inductor_cache
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.compile_lock import compile_lock
 from slotwise.compilation.config import CompilationConfig, CompilationLevel
-from slotwise.compilation.graph_modes import attention_backends_of
-from slotwise.compilation.inductor_cache_dir import place_inductor_cache
 from slotwise.compilation.platform_defaults import apply_platform_defaults
+from slotwise.compilation.static_graphs.graph_modes import attention_backends_of
 from slotwise.errors import SlotwiseError
 from slotwise.platforms import Platform, get_current_platform
 
 if TYPE_CHECKING:
     # Imported where first needed: they import Dynamo (over a second of start-up), which
     # an eager model never runs.
-    from slotwise.compilation.dynamo_backends import TraceOnceBackend
-    from slotwise.compilation.warm_start import WarmStartStore
+    from slotwise.compilation.splitting.dynamo_backends import TraceOnceBackend
+    from slotwise.compilation.warm_start.store import WarmStartStore
 
 logger = logging.getLogger("slotwise")
 
@@ -133,8 +133,8 @@ class CompiledForward:
         self.compiled: Callable[..., Any] | None = None
 
     def _backend(self) -> TraceOnceBackend:
-        from slotwise.compilation.dynamo_backends import TraceOnceBackend
-        from slotwise.compilation.warm_start import WarmStartStore, warm_start_enabled
+        from slotwise.compilation.splitting.dynamo_backends import TraceOnceBackend
+        from slotwise.compilation.warm_start.store import WarmStartStore, warm_start_enabled
 
         cls = type(self.module)
         backend = TraceOnceBackend(
@@ -156,7 +156,7 @@ class CompiledForward:
         return backend
 
     def _compile(self, backend: TraceOnceBackend | None) -> Callable[..., Any]:
-        from slotwise.compilation.dynamo_backends import as_is_backend
+        from slotwise.compilation.splitting.dynamo_backends import as_is_backend
 
         bound = types.MethodType(_fresh_function(self.forward), self.module)
         if backend is None:

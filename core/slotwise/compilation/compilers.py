@@ -26,15 +26,15 @@ import torch.fx as fx
 from torch._guards import TracingContext
 from torch.utils import _pytree as pytree
 
-from slotwise.compilation.compile_counters import counters
-from slotwise.compilation.config import CompilationConfig, ConfigError
-from slotwise.compilation.hardware_identity import gpu_identity
-from slotwise.compilation.inductor_cache_dir import (
+from slotwise.compilation.cache.hardware_identity import gpu_identity
+from slotwise.compilation.cache.inductor_cache_dir import (
     place_inductor_cache,
     place_precompiled_headers,
 )
-from slotwise.compilation.isa_probe_cache import install_isa_probe_cache
-from slotwise.compilation.traced_inputs import traced_inputs
+from slotwise.compilation.cache.isa_probe_cache import install_isa_probe_cache
+from slotwise.compilation.compile_counters import counters
+from slotwise.compilation.config import CompilationConfig, ConfigError
+from slotwise.compilation.splitting.traced_inputs import traced_inputs
 from slotwise.import_path import resolve_import_path
 
 logger = logging.getLogger("slotwise")

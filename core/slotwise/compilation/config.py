@@ -24,7 +24,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 from slotwise import envs
-from slotwise.errors import SlotwiseError
+from slotwise.config_error import ConfigError, rejected, shown
+from slotwise.graph_mode import GraphMode
 from slotwise.import_path import check_import_path
 
 ENV_CONFIG = "SLOTWISE_COMPILATION_CONFIG"
@@ -56,23 +57,6 @@ _INDUCTOR_OPTION = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 _UNSAFE_CHAR = re.compile("[\x00\ud800-\udfff]")
 
 
-class ConfigError(SlotwiseError, ValueError):
-    """A compilation setting was rejected; the message says which and what would be accepted."""
-
-
-def _show(value: object) -> str:
-    """``repr`` cut to a readable length; some values (a 5000-digit int) have none at all."""
-    try:
-        text = repr(value)
-    except (ValueError, RecursionError):
-        return f"<{type(value).__name__} too large to show>"
-    return text if len(text) <= 200 else f"{text[:200]}..."
-
-
-def _rejected(key: str, value: object, accepted: str) -> ConfigError:
-    return ConfigError(f"compilation config key {key!r}: got {_show(value)}; accepted: {accepted}")
-
-
 class CompilationLevel(enum.IntEnum):
     """How much of the model torch.compile handles; each level does what the one below does."""
 
@@ -98,49 +82,13 @@ class CompilationLevel(enum.IntEnum):
             except ValueError:
                 pass
         names = ", ".join(f"{level.value} ({level.name})" for level in cls)
-        raise _rejected("level", value, f"{names}, as an int, digit string or name in any case")
-
-
-class GraphMode(enum.Enum):
-    """Which static graphs (CUDA graphs, NPU graphs) a platform captures and replays."""
-
-    NONE = "NONE"
-    PIECEWISE = "PIECEWISE"
-    FULL = "FULL"
-    FULL_AND_PIECEWISE = "FULL_AND_PIECEWISE"
-
-    @property
-    def has_full_graphs(self) -> bool:
-        return self in (GraphMode.FULL, GraphMode.FULL_AND_PIECEWISE)
-
-    @property
-    def has_piecewise_graphs(self) -> bool:
-        return self in (GraphMode.PIECEWISE, GraphMode.FULL_AND_PIECEWISE)
-
-    @property
-    def is_runtime_mode(self) -> bool:
-        """One forward pass replays one kind of graph; FULL_AND_PIECEWISE only names a config."""
-        return self is not GraphMode.FULL_AND_PIECEWISE
-
-    @classmethod
-    def runtime_modes(cls) -> tuple[GraphMode, ...]:
-        return tuple(mode for mode in cls if mode.is_runtime_mode)
-
-    @classmethod
-    def parse(cls, value: object) -> GraphMode:
-        """Accept a member or its name in any case."""
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, str) and value.strip().upper() in cls.__members__:
-            return cls[value.strip().upper()]
-        names = ", ".join(cls.__members__)
-        raise _rejected("graph_mode", value, f"{names} (any case); null lets the platform choose")
+        raise rejected("level", value, f"{names}, as an int, digit string or name in any case")
 
 
 def _require_list(key: str, value: object, accepted: str) -> list[Any] | tuple[Any, ...]:
     # A string is iterable too, but "1,2" is never what a list-valued key meant.
     if not isinstance(value, (list, tuple)):
-        raise _rejected(key, value, accepted)
+        raise rejected(key, value, accepted)
     return value
 
 
@@ -158,14 +106,14 @@ def _sizes(key: str, value: object) -> list[int]:
     sizes: set[int] = set()
     for size in _require_list(key, value, accepted):
         if not _is_int_in(size, 1, MAX_SIZE):
-            raise _rejected(key, size, accepted)
+            raise rejected(key, size, accepted)
         sizes.add(size)
     return sorted(sizes)
 
 
 def _count(key: str, value: object, maximum: int) -> int:
     if not _is_int_in(value, 0, maximum):
-        raise _rejected(key, value, f"a non-negative integer up to {maximum} (not a boolean)")
+        raise rejected(key, value, f"a non-negative integer up to {maximum} (not a boolean)")
     return value
 
 
@@ -176,7 +124,7 @@ def _backend(value: object) -> str:
     if isinstance(value, str) and ":" in value:
         what = "compilation config key 'backend'"
         return check_import_path(value, what, fix=f"accepted: {accepted}", error=ConfigError)
-    raise _rejected("backend", value, accepted)
+    raise rejected("backend", value, accepted)
 
 
 def _splitting_ops(value: object) -> list[str] | None:
@@ -186,7 +134,7 @@ def _splitting_ops(value: object) -> list[str] | None:
     ops: list[str] = []
     for name in _require_list("splitting_ops", value, accepted):
         if not isinstance(name, str) or not _OP_NAME.fullmatch(name):
-            raise _rejected("splitting_ops", name, accepted)
+            raise rejected("splitting_ops", name, accepted)
         if name not in ops:
             ops.append(name)
     return ops
@@ -199,16 +147,16 @@ def _custom_ops(value: object) -> list[str]:
         if not isinstance(entry, str) or not (
             entry in ("all", "none") or _CUSTOM_OP_TOGGLE.fullmatch(entry)
         ):
-            raise _rejected("custom_ops", entry, accepted)
+            raise rejected("custom_ops", entry, accepted)
         if entry not in entries:
             entries.append(entry)
     if "all" in entries and "none" in entries:
-        raise _rejected("custom_ops", entries, '"all" or "none", not both')
+        raise rejected("custom_ops", entries, '"all" or "none", not both')
     enabled = {entry[1:] for entry in entries if entry[0] == "+"}
     disabled = {entry[1:] for entry in entries if entry[0] == "-"}
     both = sorted(enabled & disabled)
     if both:
-        raise _rejected("custom_ops", entries, f'"+{both[0]}" or "-{both[0]}", not both')
+        raise rejected("custom_ops", entries, f'"+{both[0]}" or "-{both[0]}", not both')
     return entries
 
 
@@ -235,16 +183,16 @@ def _json_data(key: str, value: object, depth: int = 0) -> Any:
         "JSON data: text without NUL or lone surrogates, finite numbers, 64-bit integers, "
         f"booleans, null, lists, objects; nested at most {MAX_JSON_DEPTH} deep"
     )
-    raise _rejected(key, value, accepted)
+    raise rejected(key, value, accepted)
 
 
 def _inductor_config(value: object) -> dict[str, Any]:
     accepted = 'an object of Inductor option names ("max_autotune", "triton.cudagraphs") to values'
     if not isinstance(value, Mapping):
-        raise _rejected("inductor_config", value, accepted)
+        raise rejected("inductor_config", value, accepted)
     for name in value:
         if not isinstance(name, str) or not _INDUCTOR_OPTION.fullmatch(name):
-            raise _rejected("inductor_config", name, accepted)
+            raise rejected("inductor_config", name, accepted)
     return _json_data("inductor_config", value)
 
 
@@ -265,7 +213,7 @@ def _strict_keywords(cls: _Class) -> _Class:
     def __init__(self: object, *args: object, **kwargs: Any) -> None:
         if args:
             raise ConfigError(
-                f"{cls.__name__} takes keyword arguments only, got {_show(args)}; "
+                f"{cls.__name__} takes keyword arguments only, got {shown(args)}; "
                 f"{cls.__name__}.coerce() takes a dict, JSON text or a file path"
             )
         _check_keys(kwargs)
@@ -329,11 +277,11 @@ class CompilationConfig:
             "graph_copy_inputs",
         ):
             if not isinstance(getattr(self, key), bool):
-                raise _rejected(key, getattr(self, key), "true or false")
+                raise rejected(key, getattr(self, key), "true or false")
         if self.graph_copy_inputs and self.use_inductor_graph_partition:
             # Inductor's partitions come without example inputs, so their wrappers
             # cannot tell batch-sized inputs from weights.
-            raise _rejected(
+            raise rejected(
                 "graph_copy_inputs",
                 True,
                 "false with use_inductor_graph_partition (copy inputs into the captured "
@@ -341,7 +289,7 @@ class CompilationConfig:
             )
         if not _is_clean_text(self.cache_dir):
             accepted = 'a directory path without NUL or lone surrogates, or "" for the default'
-            raise _rejected("cache_dir", self.cache_dir, accepted)
+            raise rejected("cache_dir", self.cache_dir, accepted)
         self.inductor_config = _inductor_config(self.inductor_config)
 
     def _resolve_capture_sizes(self) -> None:
@@ -362,7 +310,7 @@ class CompilationConfig:
                 derived.add("max_capture_size")
             elif self.capture_sizes and self.capture_sizes[-1] > limit:
                 accepted = f"sizes up to max_capture_size ({limit})"
-                raise _rejected("capture_sizes", self.capture_sizes[-1], accepted)
+                raise rejected("capture_sizes", self.capture_sizes[-1], accepted)
         self.max_capture_size = limit
         self._derived = frozenset(derived)
 
@@ -437,7 +385,7 @@ class CompilationConfig:
     def from_dict(cls, data: Mapping[str, Any]) -> CompilationConfig:
         if not isinstance(data, Mapping):
             raise ConfigError(
-                f"a compilation config must be a mapping/JSON object, got {_show(data)}"
+                f"a compilation config must be a mapping/JSON object, got {shown(data)}"
             )
         _check_keys(data)
         return cls(**data)
@@ -518,7 +466,7 @@ class CompilationConfig:
         if isinstance(obj, (str, os.PathLike)):
             return cls.from_file(obj)
         raise ConfigError(
-            f"cannot build a CompilationConfig from {_show(obj)}; accepted: None, a "
+            f"cannot build a CompilationConfig from {shown(obj)}; accepted: None, a "
             "CompilationConfig, a dict, a JSON object string, a JSON file path or a level int"
         )
 
@@ -536,28 +484,28 @@ def _unknown_key(key: object) -> ConfigError:
     matches = difflib.get_close_matches(key, _KEYS, n=1) if isinstance(key, str) else []
     hint = f" (did you mean {matches[0]!r}?)" if matches else ""
     return ConfigError(
-        f"unknown compilation config key {_show(key)}{hint}; accepted keys: {', '.join(_KEYS)}"
+        f"unknown compilation config key {shown(key)}{hint}; accepted keys: {', '.join(_KEYS)}"
     )
 
 
 def _read_json_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
     """The JSON object in ``path`` (``~`` expanded) and the path as error messages show it."""
     name = os.path.expanduser(os.fspath(path))
-    shown = _show(name)
+    display = shown(name)
     try:
-        text = _read_config_file(name, shown)
+        text = _read_config_file(name, display)
     except ConfigError:
         raise
     except FileNotFoundError:
-        raise ConfigError(f"compilation config file {shown} does not exist") from None
+        raise ConfigError(f"compilation config file {display} does not exist") from None
     except (OSError, ValueError) as err:  # ValueError: a NUL in the name, or not UTF-8
         # strerror leaves out the name, which may be too long to show twice.
         reason = getattr(err, "strerror", None) or err
-        raise ConfigError(f"cannot read compilation config file {shown}: {reason}") from err
-    return _json_object(text, f"compilation config file {shown}"), shown
+        raise ConfigError(f"cannot read compilation config file {display}: {reason}") from err
+    return _json_object(text, f"compilation config file {display}"), display
 
 
-def _read_config_file(name: str, shown: str) -> str:
+def _read_config_file(name: str, display: str) -> str:
     """The text of the regular file ``name``, at most MAX_CONFIG_FILE_BYTES long.
 
     Opened without blocking, so a FIFO is refused at once instead of waiting for a writer;
@@ -567,13 +515,13 @@ def _read_config_file(name: str, shown: str) -> str:
     with os.fdopen(descriptor, "rb") as file:
         if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
             raise ConfigError(
-                f"compilation config file {shown} is not a regular file (a folder, device, "
+                f"compilation config file {display} is not a regular file (a folder, device, "
                 "FIFO or socket); point it at a JSON file"
             )
         data = file.read(MAX_CONFIG_FILE_BYTES + 1)
     if len(data) > MAX_CONFIG_FILE_BYTES:
         raise ConfigError(
-            f"compilation config file {shown} is larger than {MAX_CONFIG_FILE_BYTES} bytes "
+            f"compilation config file {display} is larger than {MAX_CONFIG_FILE_BYTES} bytes "
             "(1 MiB); a compilation config is a small JSON object"
         )
     return data.decode("utf-8")
@@ -601,35 +549,35 @@ def _env_data(environ: Mapping[str, str] | None) -> dict[str, Any]:
 
 def _json_object(text: object, source: str) -> dict[str, Any]:
     if not isinstance(text, str):
-        raise ConfigError(f"{source} must be a string, got {_show(text)}")
+        raise ConfigError(f"{source} must be a string, got {shown(text)}")
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as err:  # also too many digits, or too deep
-        raise ConfigError(f"{source} is not valid JSON ({err}): {_show(text)}") from None
+        raise ConfigError(f"{source} is not valid JSON ({err}): {shown(text)}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{source} must be a JSON object, got {_show(data)}")
+        raise ConfigError(f"{source} must be a JSON object, got {shown(data)}")
     return data
 
 
 def _apply_flag(data: dict[str, Any], flag: str) -> None:
     if not isinstance(flag, str):
-        raise ConfigError(f"-O values must be strings, got {_show(flag)}")
+        raise ConfigError(f"-O values must be strings, got {shown(flag)}")
     text = flag.strip()
     if text.startswith("{"):
-        data.update(_json_object(text, f"-O {_show(flag)}"))
+        data.update(_json_object(text, f"-O {shown(flag)}"))
         return
     if not text.startswith("."):
         try:
             data["level"] = CompilationLevel.parse(text)
         except ConfigError:
             raise ConfigError(
-                f"-O {_show(flag)}: accepted: a level (0-3 or its name), .key=value or a JSON "
+                f"-O {shown(flag)}: accepted: a level (0-3 or its name), .key=value or a JSON "
                 "object"
             ) from None
         return
     path, equals, raw = text[1:].partition("=")
     if not equals or not path:
-        raise ConfigError(f"-O {_show(flag)}: accepted: .key=value, e.g. -O.level=3")
+        raise ConfigError(f"-O {shown(flag)}: accepted: .key=value, e.g. -O.level=3")
     try:
         value = json.loads(raw)
     except (ValueError, RecursionError):
@@ -645,5 +593,5 @@ def _apply_flag(data: dict[str, Any], flag: str) -> None:
         data[key] = {**(options if isinstance(options, dict) else {}), option: value}
     else:
         raise ConfigError(
-            f"-O {_show(flag)}: key {key!r} has no sub-keys; only inductor_config does"
+            f"-O {shown(flag)}: key {key!r} has no sub-keys; only inductor_config does"
         )

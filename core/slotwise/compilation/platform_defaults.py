@@ -1,4 +1,11 @@
-"""What ``Platform.check_and_update_config`` does unless a platform overrides it."""
+"""What the core fills in after ``Platform.check_and_update_config``, on every platform.
+
+``compiled_forward`` runs the platform's hook first, then :func:`apply_platform_defaults`,
+always: a platform cannot override this step, only set fields before it (a backend, a
+graph mode), which are kept where they can work. What the hook left unset is filled in
+here, and what cannot work on the platform is refused or turned off, the same way for
+every plugin.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from slotwise.compilation.config import CompilationLevel, ConfigError, GraphMode
-from slotwise.compilation.graph_modes import default_graph_mode, supported_graph_modes
+from slotwise.compilation.static_graphs.graph_modes import default_graph_mode, supported_graph_modes
 
 if TYPE_CHECKING:
     from slotwise.compilation.config import CompilationConfig
@@ -21,7 +28,8 @@ def apply_platform_defaults(
     config: CompilationConfig,
     attention_backends: Sequence[type] | None = None,
 ) -> None:
-    """Fill in the platform's compile backend and graph mode; refuse what cannot work.
+    """Fill in what the platform's hook left unset (the compile backend, the graph mode);
+    refuse what cannot work. Runs after ``Platform.check_and_update_config``, always.
 
     A config without a graph mode gets ``default_graph_mode`` for the model's
     ``attention_backends`` (None: the backend the platform selects), its reason logged.
@@ -55,7 +63,7 @@ def apply_platform_defaults(
     if config.use_inductor_graph_partition:
         import torch
 
-        from slotwise.compilation.inductor_partition import check_partition_supported
+        from slotwise.compilation.splitting.inductor_partition import check_partition_supported
 
         check_partition_supported(torch.__version__)
     if config.use_inductor_graph_partition and config.backend != "inductor":

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import torch
 
     from slotwise.compilation.config import CompilationConfig
-    from slotwise.compilation.graph_api import GraphAPI
+    from slotwise.compilation.static_graphs.graph_api import GraphAPI
 
 logger = logging.getLogger("slotwise")
 

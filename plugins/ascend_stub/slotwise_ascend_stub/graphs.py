@@ -2,7 +2,7 @@
 
 slotwise keeps the static-graph contract (warm-ups, capture per size, input-address
 checks, one shared pool); a platform only says how to capture and replay one graph,
-through a ``GraphAPI`` (``slotwise.compilation.graph_api``).  A real vendor wraps its
+through a ``GraphAPI`` (``slotwise.compilation.static_graphs.graph_api``).  A real vendor wraps its
 SDK's graph object here.  The stub has no graph SDK, so it uses slotwise's
 ``RecordedGraphAPI``: a capture records the torch ops it runs and a replay runs exactly
 those ops again on the captured tensors, so the stub accepts and refuses what a device

@@ -48,7 +48,7 @@ from slotwise.attention import (
 )
 from slotwise.attention.selector import select_attention_backend
 from slotwise.compilation import StaticGraphError
-from slotwise.compilation.recorded_graph import RecordedGraphAPI
+from slotwise.compilation.static_graphs.recorded_graph import RecordedGraphAPI
 from slotwise.forward_context import set_forward_context
 from slotwise.platforms import Platform
 from slotwise.testing.conformance import target

@@ -76,7 +76,7 @@ def test_class_attributes_have_the_documented_types() -> None:
 
 
 def test_graph_hooks_answer_with_what_slotwise_builds_on() -> None:
-    from slotwise.compilation.piecewise_backend import AbstractPiecewiseBackend
+    from slotwise.compilation.splitting.piecewise_backend import AbstractPiecewiseBackend
 
     platform = target.platform()
     problems = []
@@ -86,7 +86,7 @@ def test_graph_hooks_answer_with_what_slotwise_builds_on() -> None:
         if missing:
             problems.append(
                 f"get_graph_api() returned {graph_api!r}, which lacks {', '.join(missing)}(); "
-                "return None or a slotwise.compilation.graph_api.GraphAPI"
+                "return None or a slotwise.compilation.static_graphs.graph_api.GraphAPI"
             )
     cls = platform.get_piecewise_backend_cls()
     if cls is not None and not (

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from slotwise.compilation import CompilationConfig, GraphMode, StaticGraphError, counters
-from slotwise.compilation.graph_modes import supported_graph_modes
+from slotwise.compilation.static_graphs.graph_modes import supported_graph_modes
 from slotwise.forward_context import BatchDescriptor, set_forward_context
 from slotwise.testing.conformance import target
 from slotwise.testing.conformance.toy_setup import (

@@ -1,0 +1,205 @@
+"""The one rule for static-graph modes: what works where, and which graphs act in a step.
+
+Platform defaults, the graph wrappers, the ``ModelRunner``, ``slotwise env``,
+``slotwise matrix`` and the bench all ask these functions, so they can never disagree
+about a mode, nor about why a config without one gets the mode it gets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+from slotwise.compilation.config import CompilationLevel, ConfigError, GraphMode
+
+if TYPE_CHECKING:
+    import torch
+
+    from slotwise.compilation.config import CompilationConfig
+    from slotwise.forward_context import BatchDescriptor
+    from slotwise.platforms import Platform
+
+
+def supported_graph_modes(
+    platform: Platform, attention_backend: type | None = None
+) -> list[GraphMode]:
+    """The graph modes a model can run in on ``platform`` with ``attention_backend``.
+
+    NONE always; the others only with a GraphAPI (``Platform.get_graph_api()``).
+    PIECEWISE runs attention between the captured pieces, so any backend serves it;
+    FULL graphs capture attention too and need its ``graph_support``: ALWAYS for
+    FULL, UNIFORM_DECODE or ALWAYS for FULL_AND_PIECEWISE.  A model without
+    attention (``attention_backend`` None) can use every mode the platform has.
+    """
+    if platform.get_graph_api() is None:
+        return [GraphMode.NONE]
+    support = getattr(attention_backend, "graph_support", None)
+    return [
+        mode
+        for mode in GraphMode
+        if not mode.has_full_graphs
+        or support is None
+        or support.captures(uniform_decode_only=mode == GraphMode.FULL_AND_PIECEWISE)
+    ]
+
+
+def require_graph_mode(mode: GraphMode, platform: Platform, attention_backend: type) -> None:
+    """Raise ``ConfigError`` naming the mode to use when ``mode`` cannot work here."""
+    supported = supported_graph_modes(platform, attention_backend)
+    if mode in supported:
+        return
+    if supported == [GraphMode.NONE]:
+        reason = f"platform {platform.name} has no static graphs (get_graph_api() is None)"
+    else:
+        uniform = mode == GraphMode.FULL_AND_PIECEWISE
+        reason = (
+            f"{mode.name} captures the attention of "
+            f"{'uniform-decode batches' if uniform else 'every batch'} in full graphs, but "
+            f"backend {attention_backend.get_name()} has graph_support "
+            f"{attention_backend.graph_support.name}"
+        )
+    raise ConfigError(
+        f"compilation config key 'graph_mode': {reason}; use graph_mode={supported[-1].name}"
+    )
+
+
+def step_graph_mode(
+    config: CompilationConfig,
+    size: int | None,
+    descriptor: BatchDescriptor | None = None,
+    *,
+    requested: GraphMode | None = None,
+) -> GraphMode:
+    """Which graphs act in a step of ``size`` tokens: NONE, PIECEWISE (the pieces') or
+    FULL (the whole model's).
+
+    The ``ModelRunner`` asks once per step and carries the answer in the forward context;
+    the static-graph wrappers pass that mode on as ``requested`` and it is trusted: size
+    and ``descriptor`` are not looked at again, and it is followed wherever the config
+    captures that kind of graph (NONE where it does not: with graph_mode NONE nothing is
+    ever captured).  A forward context without a mode (set by a test, the conformance
+    kit or a bare model call) gets the runner's rule: a size in ``capture_sizes`` runs
+    with the configured graphs, and FULL_AND_PIECEWISE picks FULL for batches
+    ``descriptor`` marks as uniform decode.
+    """
+    mode = config.graph_mode or GraphMode.NONE
+    if requested == GraphMode.PIECEWISE:
+        return requested if mode.has_piecewise_graphs else GraphMode.NONE
+    if requested == GraphMode.FULL:
+        return requested if mode.has_full_graphs else GraphMode.NONE
+    if requested == GraphMode.NONE or size not in (config.capture_sizes or ()):
+        return GraphMode.NONE
+    if mode == GraphMode.FULL_AND_PIECEWISE:
+        uniform = descriptor is not None and descriptor.uniform_decode
+        return GraphMode.FULL if uniform else GraphMode.PIECEWISE
+    return mode
+
+
+@dataclass(frozen=True)
+class GraphModeChoice:
+    """The graph mode a config without one gets, and why: logged when a model is
+    compiled, shown by ``slotwise env``, ``slotwise matrix`` and the bench."""
+
+    mode: GraphMode
+    reason: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {**asdict(self), "mode": self.mode.name}
+
+
+def default_graph_mode_report(platform: Platform) -> dict[str, str]:
+    """``default_graph_mode(platform)`` as ``slotwise env`` and the bench show it (mode
+    and reason); a plugin that raises while asked gives mode "unknown" and the error,
+    since a report must still print."""
+    try:
+        return default_graph_mode(platform).as_dict()
+    except Exception as exc:  # noqa: BLE001 - shown in the report, never hidden
+        return {"mode": "unknown", "reason": f"asking raised {type(exc).__name__}: {exc}"}
+
+
+def default_graph_mode(
+    platform: Platform,
+    attention_backends: Sequence[type] | None = None,
+    level: CompilationLevel = CompilationLevel.PIECEWISE,
+) -> GraphModeChoice:
+    """The graph mode of a config that names none, with its reason.
+
+    FULL_AND_PIECEWISE where the platform has a GraphAPI and every attention backend
+    of the model may be captured in full graphs of uniform-decode batches (decode steps
+    then replay one graph of the whole model, other batches the pieces); else
+    PIECEWISE where it has a GraphAPI; else NONE.  Only level 3 captures by default:
+    FULL_AND_PIECEWISE and PIECEWISE need its pieces.
+
+    ``attention_backends`` are the model's backends ([] for a model without
+    attention); None asks which one the platform selects for a layer that names no
+    requirements (``select_attention_backend``), which is what a report without a model
+    shows.
+    """
+    if level != CompilationLevel.PIECEWISE:
+        return GraphModeChoice(
+            GraphMode.NONE,
+            f"level {level.value} ({level.name}) captures no graphs unless graph_mode is set; "
+            "the default graphs need level 3 (PIECEWISE)",
+        )
+    if platform.get_graph_api() is None:
+        return GraphModeChoice(
+            GraphMode.NONE,
+            f"platform {platform.name} has no static graphs (get_graph_api() is None)",
+        )
+    if attention_backends is None:
+        backend, unselectable = _selected_backend(platform)
+        if backend is None:
+            return GraphModeChoice(
+                GraphMode.PIECEWISE,
+                f"platform {platform.name} has static graphs, but full graphs need an attention "
+                f"backend that may be captured and none was selected ({unselectable}); "
+                "PIECEWISE runs any attention between the pieces",
+            )
+        attention_backends = [backend]
+    backends = list(dict.fromkeys(attention_backends))
+    if not backends:
+        return GraphModeChoice(
+            GraphMode.FULL_AND_PIECEWISE,
+            f"platform {platform.name} has static graphs and the model has no attention layer, "
+            "so full graphs can hold every uniform-decode batch",
+        )
+    refusing = [cls for cls in backends if not _captures_uniform_decodes(cls)]
+    if refusing:
+        cls = refusing[0]
+        return GraphModeChoice(
+            GraphMode.PIECEWISE,
+            f"platform {platform.name} has static graphs, but attention backend "
+            f"{cls.get_name()} has graph_support {cls.graph_support.name}, so its attention "
+            "runs between captured pieces, never in a full graph",
+        )
+    names = ", ".join(f"{cls.get_name()} ({cls.graph_support.name})" for cls in backends)
+    return GraphModeChoice(
+        GraphMode.FULL_AND_PIECEWISE,
+        f"platform {platform.name} has static graphs and attention backend {names} may be "
+        "captured in full graphs of uniform-decode batches",
+    )
+
+
+def attention_backends_of(module: torch.nn.Module) -> list[type]:
+    """The attention backends of ``module``'s layers, each once, in layer order: what
+    ``default_graph_mode`` judges a model by."""
+    from slotwise.attention.layer import Attention
+
+    layers = (m for m in module.modules() if isinstance(m, Attention))
+    return list(dict.fromkeys(layer.attn_backend for layer in layers))
+
+
+def _captures_uniform_decodes(attention_backend: type) -> bool:
+    support = getattr(attention_backend, "graph_support", None)
+    return support is None or support.captures(uniform_decode_only=True)
+
+
+def _selected_backend(platform: Platform) -> tuple[type | None, str]:
+    """The backend the platform selects for default requirements, or None and why not."""
+    from slotwise.attention.selector import AttentionBackendError, select_attention_backend
+
+    try:
+        return select_attention_backend(platform), ""
+    except AttentionBackendError as exc:
+        return None, str(exc).splitlines()[0].rstrip(":")

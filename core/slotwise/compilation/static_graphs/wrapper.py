@@ -1,0 +1,271 @@
+"""Static graphs per capture size, for any graph platform: ``StaticGraphWrapper``.
+
+A platform supplies the graph machinery as a ``GraphAPI`` (CUDA graphs in the
+CUDA plugin, simulated NPU graphs in ascend_stub); this module supplies the
+bookkeeping of the static-graph contract on top of it, so every graph platform
+keeps the same rules:
+
+- per size: ``graph_warmups`` plain runs, then a capture into the one shared
+  pool, then replays; the input addresses are checked on the first replay of
+  each size, and that the replay right after the capture wrote into the captured
+  outputs (both on every replay with ``debug_checks``);
+- with ``graph_copy_inputs`` the batch-sized tensor inputs are copied into buffers
+  the wrapper allocated at capture, so callers may pass new tensors every step;
+- the last piece's outputs are held weakly (``GraphAPI.weak_ref``);
+- one class plays every role, chosen by ``runtime_mode``: PIECEWISE around each
+  capturable piece or Inductor partition, FULL around the whole split model, where
+  it also pins the step's graph mode in the forward context so the pieces inside
+  run plain in a FULL step and only they capture in a PIECEWISE step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.fx
+
+from slotwise.compilation.compile_counters import counters
+from slotwise.compilation.config import CompilationConfig, ConfigError, GraphMode
+from slotwise.compilation.splitting.piecewise_backend import (
+    AbstractPiecewiseBackend,
+    CompiledPiecewiseBackend,
+    batch_sized_inputs,
+    find_size_source,
+    read_size,
+)
+from slotwise.compilation.static_graphs.contract import (
+    OutputsProbe,
+    StaticGraphError,
+    check_capture_allowed,
+    check_input_addresses,
+    check_outputs_written,
+    graph_inputs,
+    input_addresses,
+)
+from slotwise.compilation.static_graphs.graph_api import GraphAPI, StaticGraph
+from slotwise.compilation.static_graphs.graph_modes import step_graph_mode
+from slotwise.compilation.static_graphs.recorded_graph import through_recorder
+from slotwise.forward_context import set_forward_context, try_get_forward_context
+
+if TYPE_CHECKING:
+    from slotwise.platforms import Platform
+
+logger = logging.getLogger("slotwise")
+
+
+@dataclass
+class SizeEntry:
+    warmups_done: int = 0
+    graph: StaticGraph | None = None
+    outputs: Any = None
+    addresses: list[int | None] | None = None
+    addresses_checked: bool = False
+    #: Argument index -> the buffer the graph reads it from (``graph_copy_inputs``).
+    buffers: dict[int, torch.Tensor] = field(default_factory=dict)
+    #: Every check this size owes is done and nothing is copied in: a step only replays.
+    replay_only: bool = False
+
+
+class StaticGraphWrapper:
+    """Runs ``runnable`` plainly, or, in steps whose graph mode is ``runtime_mode``, as
+    one static graph per capture size on ``graph_api`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        runnable: Callable[..., Any],
+        config: CompilationConfig,
+        *,
+        runtime_mode: GraphMode,
+        graph_api: GraphAPI | None,
+        example_inputs: Sequence[Any] | None = None,
+        piece_index: int = 0,
+        num_pieces: int = 1,
+    ) -> None:
+        if not runtime_mode.is_runtime_mode or runtime_mode == GraphMode.NONE:
+            raise ValueError(f"runtime_mode must be PIECEWISE or FULL, not {runtime_mode.name}")
+        if graph_api is None:
+            raise ConfigError(
+                f"compilation config key 'graph_mode': {runtime_mode.name} graphs need a "
+                "GraphAPI, but the platform's get_graph_api() returned None; use "
+                "graph_mode=NONE (compiled models get it on such platforms, after the platform's "
+                "check_and_update_config)"
+            )
+        self.runnable = runnable
+        self.config = config
+        self.runtime_mode = runtime_mode
+        self.graph_api = graph_api
+        # Partitions of an Inductor graph have no example inputs: their size comes
+        # from the forward context's batch descriptor.
+        self.size_source = find_size_source(example_inputs or ())
+        self.copied_inputs = (
+            batch_sized_inputs(example_inputs or ()) if config.graph_copy_inputs else []
+        )
+        self.name = (
+            "full model graph"
+            if runtime_mode == GraphMode.FULL
+            else f"piece {piece_index} of {num_pieces}"
+        )
+        # The last piece's outputs leave the graph world: hold them weakly so the pool
+        # can reuse their memory; the first piece's capture may clean up memory first.
+        self.weak_outputs = piece_index == num_pieces - 1
+        self.quiet_capture = piece_index != 0
+        self.entries: dict[int, SizeEntry] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        context = try_get_forward_context()
+        descriptor = context.batch_descriptor if context is not None else None
+        size = read_size(self.size_source, args) if descriptor is None else descriptor.num_tokens
+        # The step's mode as the runner decided it (trusted); without one, the runner's
+        # rule decides here, and the FULL wrapper pins the answer for the pieces inside.
+        decided = context.graph_mode if context is not None else None
+        mode = step_graph_mode(self.config, size, descriptor, requested=decided)
+        if self.runtime_mode == GraphMode.FULL:
+            with _pinned_graph_mode(mode):
+                return self._run(mode, size, args)
+        return self._run(mode, size, args)
+
+    def _run(self, mode: GraphMode, size: int | None, args: Sequence[Any]) -> Any:
+        if mode != self.runtime_mode:
+            return self.runnable(*args)
+        entry = None if size is None else self.entries.get(size)
+        if entry is not None and entry.replay_only and entry.graph is not None:
+            entry.graph.replay()
+            return entry.outputs
+        if size is None or size not in (self.config.capture_sizes or ()):
+            raise StaticGraphError(
+                f"{self.name}: this step asks for {mode.name} graphs, but its size {size} is "
+                f"not a capture size; pad the batch to one of {self.config.capture_sizes} "
+                "(slotwise.runner does) or run the step with graph_mode=NONE"
+            )
+        if entry is None:
+            entry = self.entries[size] = SizeEntry()
+        if entry.graph is None:
+            if entry.warmups_done < self.config.graph_warmups:
+                entry.warmups_done += 1
+                return self.runnable(*args)
+            inputs = self._capture(size, entry, args)
+            check_outputs = True  # the replay right after capture
+        else:
+            # A replay runs no Python: a partition's list stays as it was handed over.
+            inputs = _copied_into(entry.buffers, args)
+            if not entry.addresses_checked or self.config.debug_checks:
+                check_input_addresses(self.name, size, entry.addresses or [], inputs)
+                entry.addresses_checked = True
+            check_outputs = self.config.debug_checks
+            # From the next replay on, nothing is left to check or copy for this size.
+            entry.replay_only = not (self.config.debug_checks or entry.buffers)
+        self._replay(size, entry, inputs, check_outputs)
+        return entry.outputs
+
+    def _replay(self, size: int, entry: SizeEntry, inputs: Sequence[Any], check: bool) -> None:
+        """Replay ``size``'s graph; with ``check``, make sure it wrote the captured outputs
+        (``inputs``: what it reads, as ``graph_inputs`` opens them)."""
+        assert entry.graph is not None
+        if not check:
+            entry.graph.replay()
+            return
+        probe = OutputsProbe(entry.outputs, inputs)
+        returned = entry.graph.replay()
+        check_outputs_written(self.name, size, self.graph_api, probe, returned)
+
+    def _capture(self, size: int, entry: SizeEntry, args: Sequence[Any]) -> list[Any]:
+        """Capture the graph of ``size``; return what it reads (``graph_inputs``), taken
+        before the capture runs: a partition empties the list it is handed."""
+        check_capture_allowed(self.name, size)
+        entry.buffers = {index: args[index].clone() for index in self.copied_inputs}
+        args = [entry.buffers.get(index, arg) for index, arg in enumerate(args)]
+        inputs = graph_inputs(args)
+        entry.addresses = input_addresses(inputs)
+        graph = self.graph_api.new_graph()
+        outputs = graph.capture(
+            lambda: self.runnable(*args), self.graph_api.pool(), quiet=self.quiet_capture
+        )
+        entry.outputs = self.graph_api.weak_ref(outputs) if self.weak_outputs else outputs
+        entry.graph = graph
+        counters.bump("num_graphs_captured")
+        logger.debug("%s: captured a static graph for size %d", self.name, size)
+        return inputs
+
+
+def _copied_into(buffers: dict[int, torch.Tensor], args: Sequence[Any]) -> Sequence[Any]:
+    """``args`` with each argument that has a buffer copied into it and replaced by it."""
+    if not buffers:
+        return args
+    staged = list(args)
+    for index, buffer in buffers.items():
+        buffer.copy_(staged[index])
+        staged[index] = buffer
+    return staged
+
+
+@contextlib.contextmanager
+def _pinned_graph_mode(mode: GraphMode) -> Iterator[None]:
+    """Make ``mode`` the step's graph mode for everything called inside."""
+    context = try_get_forward_context()
+    if context is None:
+        with set_forward_context(None, graph_mode=mode):
+            yield
+        return
+    previous, context.graph_mode = context.graph_mode, mode
+    try:
+        yield
+    finally:
+        context.graph_mode = previous
+
+
+class StaticGraphPiecewiseBackend(CompiledPiecewiseBackend):
+    """Compile-and-dispatch plus, in PIECEWISE steps, a static graph per capture size
+    on the platform's ``GraphAPI``; other sizes run the compiled piece without one."""
+
+    def __init__(self, graph: torch.fx.GraphModule, config: CompilationConfig, **kwargs: Any):
+        super().__init__(graph, config, **kwargs)
+        self.graph_wrapper = StaticGraphWrapper(
+            self.run_compiled,
+            config,
+            runtime_mode=GraphMode.PIECEWISE,
+            graph_api=self.graph_api,
+            example_inputs=kwargs["example_inputs"],
+            piece_index=self.piece_index,
+            num_pieces=self.num_pieces,
+        )
+
+    def run_compiled(self, *args: Any) -> Any:
+        return self.compiled_for(self.runtime_size(args), args)(*args)
+
+    def __call__(self, *args: Any) -> Any:
+        return self.graph_wrapper(*args)
+
+
+def piecewise_backend_cls(
+    platform: Platform, config: CompilationConfig
+) -> Callable[..., AbstractPiecewiseBackend]:
+    """What runs each capturable piece: the platform's own class if it has one, else
+    slotwise's, which captures only in graph modes with piecewise graphs; either way
+    bound to the platform's ``GraphAPI``."""
+    cls = platform.get_piecewise_backend_cls()
+    if cls is None:
+        graphs = config.graph_mode is not None and config.graph_mode.has_piecewise_graphs
+        cls = StaticGraphPiecewiseBackend if graphs else CompiledPiecewiseBackend
+    return functools.partial(cls, graph_api=platform.get_graph_api())
+
+
+def graph_wrapper_cls(platform: Platform) -> Callable[..., StaticGraphWrapper] | None:
+    """``StaticGraphWrapper`` bound to the platform's ``GraphAPI``, for Inductor's graph
+    partitions; None without a GraphAPI.  A partition is Inductor code, whose kernels the
+    dispatcher never sees, so a ``RecordedGraph`` records each call of it as one step."""
+    graph_api = platform.get_graph_api()
+    if graph_api is None:
+        return None
+
+    def wrap(partition: Callable[..., Any], config: CompilationConfig, **kwargs: Any) -> Any:
+        return StaticGraphWrapper(
+            through_recorder(partition), config, graph_api=graph_api, **kwargs
+        )
+
+    return wrap

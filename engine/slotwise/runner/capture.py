@@ -1,0 +1,72 @@
+"""The capture step every graph platform uses: all sizes, largest first.
+
+Largest first, because graphs captured later (smaller) then fit into memory the
+pool already holds, instead of each growing it.  Time and memory are reported per
+size; afterwards the capture window is closed, so a size that was missed surfaces
+as an error instead of a capture in the middle of serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from slotwise.compilation.static_graphs.contract import capture_window
+from slotwise.platforms import Platform
+
+logger = logging.getLogger("slotwise")
+
+
+@dataclass(frozen=True)
+class CaptureReport:
+    size: int
+    seconds: float
+    memory_bytes: int | None  # growth of device memory in use; None if not reported
+
+
+def capture_graphs(
+    run_step: Callable[[int], object],
+    sizes: Sequence[int],
+    platform: Platform,
+    *,
+    runs_per_size: int,
+    progress: bool = True,
+) -> list[CaptureReport]:
+    """Run ``run_step(size)`` ``runs_per_size`` times per size inside the capture window.
+
+    ``runs_per_size`` is the config's ``graph_warmups`` plus one: the warm-ups, then
+    the run that captures.
+    """
+    reports = []
+    with capture_window():
+        bar = tqdm(
+            sorted(set(sizes), reverse=True),
+            desc="capturing graphs",
+            unit="size",
+            disable=not progress,
+        )
+        for size in bar:
+            before = _memory(platform)
+            start = time.perf_counter()
+            for _ in range(runs_per_size):
+                run_step(size)
+            platform.synchronize()
+            seconds = time.perf_counter() - start
+            after = _memory(platform)
+            growth = None if before is None or after is None else after - before
+            reports.append(CaptureReport(size, seconds, growth))
+            bar.set_postfix(size=size, ms=f"{seconds * 1e3:.1f}")
+    total = sum(report.seconds for report in reports)
+    logger.info("captured graphs for %d sizes in %.2f s", len(reports), total)
+    return reports
+
+
+def _memory(platform: Platform) -> int | None:
+    try:
+        return platform.current_memory_usage()
+    except NotImplementedError:
+        return None

@@ -1,0 +1,296 @@
+"""``ModelRunner``: runs a causal LM step by step over a paged KV cache.
+
+It owns what a model should not: the KV cache and its block allocator, the
+attention metadata of each step, padding batches to a captured size (through
+static input buffers, so graphs always read the same addresses; FULL graphs also
+read their attention metadata from static buffers), capturing the graphs at
+start-up, and greedy generation on top of prefill and decode steps.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from slotwise.attention import (
+    Attention,
+    AttentionMetadata,
+    BlockAllocator,
+    StaticAttentionMetadata,
+    allocate_kv_caches,
+    num_blocks_for,
+)
+from slotwise.compilation.config import CompilationConfig, GraphMode
+from slotwise.compilation.decorators import compiled_forward_of
+from slotwise.compilation.static_graphs.graph_modes import require_graph_mode, step_graph_mode
+from slotwise.forward_context import BatchDescriptor, set_forward_context
+from slotwise.platforms import get_current_platform
+from slotwise.runner.capture import CaptureReport, capture_graphs
+from slotwise.runner.generation import generate
+from slotwise.runner.static_inputs import StaticInputBuffers
+
+
+@dataclass
+class Request:
+    """One request: its tokens so far and the cache blocks holding them."""
+
+    tokens: list[int]
+    block_ids: list[int]
+    num_cached: int = 0
+
+
+class ModelRunner:
+    """Runs ``model`` (a ``LlamaForCausalLM``-like module with ``forward(input_ids,
+    positions)`` and ``compute_logits(hidden)``) on the current platform.
+
+    ``max_model_len`` bounds the tokens of one request (prompt and continuation);
+    by default the model's ``config.max_position``, else the whole cache.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        num_blocks: int = 256,
+        device: torch.device | str | None = None,
+        max_model_len: int | None = None,
+    ) -> None:
+        self.model = model
+        self.platform = get_current_platform()
+        self.device = torch.device(device or self.platform.device_type)
+        layers = [m for m in model.modules() if isinstance(m, Attention)]
+        if not layers:
+            raise ValueError(f"{type(model).__name__} has no slotwise Attention layer")
+        self.block_size = layers[0].block_size
+        model_config = getattr(model, "config", None)
+        #: None for a model without ``config.vocab_size``: its token ids go unchecked.
+        self.vocab_size: int | None = getattr(model_config, "vocab_size", None)
+        self.max_model_len = (
+            max_model_len
+            or getattr(model_config, "max_position", None)
+            or num_blocks * self.block_size
+        )
+        allocate_kv_caches(model, num_blocks, device=self.device)
+        # The weights every step reads, for the platform to map as its memory reads
+        # fastest (load_model did already; a model built otherwise has not been).
+        self.platform.advise_resident_memory([*model.parameters(), *model.buffers()])
+        self.allocator = BlockAllocator(num_blocks, self.block_size)
+        self.metadata_builder = layers[0].attn_backend.get_builder_cls()(
+            self.block_size, self.device
+        )
+        self.config = compiled_config(model)
+        self.capture_sizes = self._graph_sizes(layers)
+        self.buffers = (
+            StaticInputBuffers(
+                self.capture_sizes[-1],
+                {"input_ids": ((), torch.long), "positions": ((), torch.long)},
+                self.device,
+            )
+            if self.capture_sizes
+            else None
+        )
+        self.static_metadata = self._static_metadata(num_blocks)
+
+    def _graph_sizes(self, layers: list[Attention]) -> list[int]:
+        """The sizes steps are padded to; empty when this model runs without graphs."""
+        if self.config is None or self.config.graph_mode in (None, GraphMode.NONE):
+            return []
+        for backend in dict.fromkeys(layer.attn_backend for layer in layers):
+            require_graph_mode(self.config.graph_mode, self.platform, backend)
+        return sorted(self.config.capture_sizes or [])
+
+    def _static_metadata(self, num_blocks: int) -> StaticAttentionMetadata | None:
+        """Metadata buffers for FULL steps, whose padding requests decode into a cache
+        block reserved here for the runner's lifetime; None without full graphs."""
+        if not self.capture_sizes:
+            return None
+        assert self.config is not None and self.config.graph_mode is not None
+        if not self.config.graph_mode.has_full_graphs:
+            return None
+        (scratch_block,) = self.allocator.allocate(1)
+        max_blocks = min(num_blocks, num_blocks_for(self.max_model_len, self.block_size))
+        return StaticAttentionMetadata(
+            self.capture_sizes[-1], max_blocks, self.block_size, scratch_block, self.device
+        )
+
+    # -- steps ---------------------------------------------------------------------
+
+    def padded_size(self, num_tokens: int) -> int:
+        """The smallest capture size holding ``num_tokens``, or ``num_tokens`` itself
+        when it is larger than every capture size (or graphs are off)."""
+        index = bisect.bisect_left(self.capture_sizes, num_tokens)
+        return self.capture_sizes[index] if index < len(self.capture_sizes) else num_tokens
+
+    def execute(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        metadata: AttentionMetadata | None,
+        *,
+        uniform_decode: bool = False,
+    ) -> torch.Tensor:
+        """Hidden states of one step for its ``len(input_ids)`` real tokens."""
+        num_tokens = input_ids.shape[0]
+        padded = self.padded_size(num_tokens)
+        graphs = self.buffers is not None and padded in self.capture_sizes
+        if graphs:
+            assert self.buffers is not None
+            views = self.buffers.fill(padded, input_ids=input_ids, positions=positions)
+            input_ids, positions = views["input_ids"], views["positions"]
+        # The step's graph mode, decided once here and trusted by the graph wrappers:
+        # graphs exactly when the padded size is a capture size, FULL for uniform
+        # decodes under FULL_AND_PIECEWISE.
+        descriptor = BatchDescriptor(num_tokens=padded, uniform_decode=uniform_decode)
+        mode = step_graph_mode(self.config, padded, descriptor) if graphs else GraphMode.NONE
+        with (
+            torch.inference_mode(),
+            set_forward_context(metadata, graph_mode=mode, batch_descriptor=descriptor) as context,
+        ):
+            if mode == GraphMode.FULL:
+                context.attn_metadata = self._full_graph_metadata(padded, metadata)
+            hidden = self.model(input_ids, positions)
+        return hidden[:num_tokens]
+
+    def _full_graph_metadata(
+        self, padded: int, metadata: AttentionMetadata | None
+    ) -> AttentionMetadata:
+        """The step's metadata copied into the static buffers a FULL graph reads."""
+        assert self.static_metadata is not None and self.config is not None
+        if self.config.graph_mode == GraphMode.FULL_AND_PIECEWISE:
+            return self.static_metadata.uniform_decode(padded, metadata)
+        return self.static_metadata.general(padded, metadata)
+
+    def capture(self, *, progress: bool = True) -> list[CaptureReport]:
+        """Capture a graph for every capture size (no-op without graphs)."""
+        if not self.capture_sizes or self.config is None:
+            return []
+        zeros = torch.zeros(self.capture_sizes[-1], dtype=torch.long, device=self.device)
+        # FULL_AND_PIECEWISE keeps two sets of graphs per size: the full model's for
+        # uniform decodes and the pieces' for every other batch.
+        both = self.config.graph_mode == GraphMode.FULL_AND_PIECEWISE
+        kinds = (True, False) if both else (False,)
+
+        def run_step(size: int) -> None:
+            # A step without real requests is enough: pieces never contain attention
+            # (without metadata the op only zero-fills its output), and a full graph
+            # captures attention over the static metadata's padding requests.
+            for uniform_decode in kinds:
+                self.execute(zeros[:size], zeros[:size], None, uniform_decode=uniform_decode)
+
+        return capture_graphs(
+            run_step,
+            self.capture_sizes,
+            self.platform,
+            runs_per_size=self.config.graph_warmups + 1,
+            progress=progress,
+        )
+
+    # -- generation ----------------------------------------------------------------
+
+    def add_requests(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[Request]:
+        """Reserve cache blocks for each prompt and its continuation, for all or none."""
+        check_prompts(
+            prompts, max_new_tokens, vocab_size=self.vocab_size, max_model_len=self.max_model_len
+        )
+        block_ids = self.allocator.allocate_all([len(p) + max_new_tokens for p in prompts])
+        return [
+            Request(tokens=list(prompt), block_ids=blocks)
+            for prompt, blocks in zip(prompts, block_ids, strict=True)
+        ]
+
+    def free(self, sequences: Sequence[Request]) -> None:
+        for sequence in sequences:
+            self.allocator.free(sequence.block_ids)
+
+    def step(self, sequences: Sequence[Request]) -> torch.Tensor:
+        """Run every sequence's uncached tokens; return the logits of each last token, in
+        the order of ``sequences``.
+
+        Backends read a batch as [decodes..., prefills...] (see AttentionMetadataBuilder);
+        the step orders it so, whatever order callers keep their sequences in.
+        """
+        if not sequences:
+            raise ValueError("step() got no sequences; an empty batch must not reach the model")
+        # Stable: decodes (one uncached token) first, each group in the caller's order.
+        order = sorted(
+            range(len(sequences)),
+            key=lambda i: len(sequences[i].tokens) - sequences[i].num_cached > 1,
+        )
+        batch = [sequences[i] for i in order]
+        query_lens = [len(s.tokens) - s.num_cached for s in batch]
+        # Two tensors, not views of one packed copy: a view's storage offset would be
+        # guarded by Dynamo, and a trace with such a guard cannot be saved for warm starts.
+        input_ids = torch.tensor(
+            [t for s in batch for t in s.tokens[s.num_cached :]],
+            dtype=torch.long,
+            device=self.device,
+        )
+        positions = torch.tensor(
+            [p for s in batch for p in range(s.num_cached, len(s.tokens))],
+            dtype=torch.long,
+            device=self.device,
+        )
+        metadata = self.metadata_builder.build(
+            query_lens, [s.num_cached for s in batch], [s.block_ids for s in batch]
+        )
+        uniform_decode = all(q == 1 for q in query_lens)
+        hidden = self.execute(input_ids, positions, metadata, uniform_decode=uniform_decode)
+        for sequence in batch:
+            sequence.num_cached = len(sequence.tokens)
+        # Decode steps, the common case, skip the gathers: each request's last token is its
+        # only row, and callers mostly keep decodes first already.
+        if not uniform_decode:
+            hidden = hidden[metadata.query_start_loc[1:].long() - 1]
+        logits = self.model.compute_logits(hidden)
+        if order == list(range(len(order))):
+            return logits
+        return logits[torch.tensor(order, device=logits.device).argsort()]
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
+        """Greedy continuation of each prompt by ``max_new_tokens`` (at least 1) tokens,
+        end-of-sequence ids included; ``slotwise.runner.generation.generate`` samples,
+        stops at them and times the steps."""
+        return [c.token_ids for c in generate(self, prompts, max_new_tokens=max_new_tokens)]
+
+
+def check_prompts(
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    vocab_size: int | None,
+    max_model_len: int,
+) -> None:
+    """Refuse a batch the model cannot run before it takes cache blocks or reaches the
+    model: there, an out-of-vocabulary id aborts the process under Inductor (and passes
+    silently under tensor parallelism), and an empty input breaks compilation."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens is {max_new_tokens}; ask for at least 1 token")
+    if not prompts:
+        raise ValueError("no prompts to generate from; pass at least one list of token ids")
+    for index, prompt in enumerate(prompts):
+        if not prompt:
+            raise ValueError(f"prompt {index} is empty; give it at least one token id")
+        if vocab_size is not None:
+            for token in prompt:
+                if not 0 <= token < vocab_size:
+                    raise ValueError(
+                        f"prompt {index} has token id {token}, outside the vocabulary of "
+                        f"{vocab_size}; use ids from 0 to {vocab_size - 1}"
+                    )
+        if len(prompt) + max_new_tokens > max_model_len:
+            raise ValueError(
+                f"prompt {index} has {len(prompt)} tokens and asks for {max_new_tokens} "
+                f"more, over max_model_len {max_model_len}; shorten it or ask for fewer tokens"
+            )
+
+
+def compiled_config(model: torch.nn.Module) -> CompilationConfig | None:
+    """The platform-adjusted config of the first compiled module in ``model``, if any."""
+    for module in model.modules():
+        compiled = compiled_forward_of(module)
+        if compiled is not None:
+            return compiled.config
+    return None
