@@ -140,8 +140,28 @@ def emit(report: dict[str, Any], markdown: str, as_json: bool) -> None:
         print(markdown, end="")
 
 
-def publish(name: str, report: dict[str, Any], markdown: str, args: argparse.Namespace) -> None:
+def publish(
+    name: str,
+    report: dict[str, Any],
+    markdown: str,
+    args: argparse.Namespace,
+    profile_text: str | None = None,
+) -> None:
     """What every benchmark ends with: ``<name>.json`` and ``<name>.md`` written under
-    ``--out-dir``, then the report printed (``--json`` or Markdown)."""
+    ``--out-dir`` (and ``<name>_profile.txt`` when profiled), then the report printed
+    (``--json`` or Markdown)."""
     write_outputs(name, report, markdown, args.out_dir)
+    if profile_text is not None:
+        path = args.out_dir / f"{name}_profile.txt"
+        path.write_text(profile_text)
+        LOG.info("wrote %s", path)
     emit(report, markdown, args.json)
+
+
+def require_positive(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str
+) -> None:
+    """Refuse, as argparse refuses, any of the integer options ``names`` below 1."""
+    for name in names:
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")

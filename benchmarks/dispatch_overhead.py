@@ -47,6 +47,7 @@ from common import (
     configure_logging,
     environment,
     publish,
+    require_positive,
     summary,
     utc_timestamp,
     verdict,
@@ -311,9 +312,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true", help="also cProfile the level-3 model")
     add_output_args(parser)
     args = parser.parse_args(argv)
-    for name in ("layers", "hidden", "batch", "rounds", "calls", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1")
+    require_positive(parser, args, "layers", "hidden", "batch", "rounds", "calls", "threads")
     return args
 
 
@@ -322,12 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging()
     args = parse_args(argv)
     report, profile_text = build_report(args)
-    markdown = render_markdown(report)
-    publish("dispatch_overhead", report, markdown, args)  # creates --out-dir
-    if profile_text is not None:
-        path = args.out_dir / "dispatch_overhead_profile.txt"
-        path.write_text(profile_text)
-        LOG.info("wrote %s", path)
+    publish("dispatch_overhead", report, render_markdown(report), args, profile_text)
     return 0
 
 

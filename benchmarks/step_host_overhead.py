@@ -57,6 +57,7 @@ from common import (
     configure_logging,
     environment,
     publish,
+    require_positive,
     summary,
     utc_timestamp,
     verdict,
@@ -699,9 +700,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true", help="also cProfile the step")
     add_output_args(parser)
     args = parser.parse_args(argv)
-    for name in ("batch", "rounds", "steps", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1")
+    require_positive(parser, args, "batch", "rounds", "steps", "threads")
     if args.batch > max(CAPTURE_SIZES):
         parser.error(f"--batch must be at most {max(CAPTURE_SIZES)}, the largest capture size")
     return args
@@ -711,11 +710,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging()
     args = parse_args(argv)
     report, profile_text = build_report(args)
-    publish("step_host_overhead", report, render_markdown(report), args)
-    if profile_text is not None:
-        path = args.out_dir / "step_host_overhead_profile.txt"
-        path.write_text(profile_text)
-        LOG.info("wrote %s", path)
+    publish("step_host_overhead", report, render_markdown(report), args, profile_text)
     return 0
 
 

@@ -6,9 +6,6 @@ transformers renders them."""
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Iterator
-
 import pytest
 import transformers
 from hf_tokenizers import make_tokenizer
@@ -48,18 +45,7 @@ RICH_TEMPLATE = """
 """
 
 
-@pytest.fixture(autouse=True)
-def never_hang() -> Iterator[None]:
-    """A template the bounds miss fails its test instead of hanging the run."""
-
-    def hung(signum: int, frame: object) -> None:
-        raise TimeoutError("rendering the template did not end")
-
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(120)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
+pytestmark = pytest.mark.usefixtures("never_hang")
 
 
 @pytest.fixture

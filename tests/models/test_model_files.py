@@ -8,8 +8,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,19 +20,7 @@ from slotwise.models.checkpoint import Checkpoint
 from slotwise.models.model_files import model_file, read_model_file
 from slotwise.models.tokenizer import Tokenizer
 
-
-@pytest.fixture(autouse=True)
-def never_hang() -> Iterator[None]:
-    """A read that blocks (a FIFO opened for reading) fails the test instead of hanging it."""
-
-    def hung(signum: int, frame: object) -> None:
-        raise TimeoutError("a read of a model file blocked")
-
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
+pytestmark = pytest.mark.usefixtures("never_hang")
 
 
 def hf_cache(root: Path, repo: str, folder: Path, revision: str = "abc123") -> Path:

@@ -146,9 +146,22 @@ def test_no_import_cycle_between_top_level_packages():
     assert not cycles, "import cycles between packages:\n" + "\n".join(cycles)
 
 
+def test_no_import_cycle_between_modules():
+    # Within a layer too (models/hf_config.py and models/llama.py, say): a module
+    # imported by one it imports, function-local imports included.
+    edges: dict[str, set[str]] = {}
+    for path in [*source_files(CORE), *source_files(ENGINE)]:
+        module = module_name(path)
+        edges.setdefault(module, set()).update(
+            name for _, name in imported_modules(path) if name != module
+        )
+    cycles = sorted({" -> ".join(cycle) for cycle in _cycles(edges)})
+    assert not cycles, "import cycles between modules:\n" + "\n".join(cycles)
+
+
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """A cycle back to each package that is the smallest name on one (a search from it
-    through larger names only, so each cycle is reported from one package)."""
+    """A cycle back to each node (package or module) that is the smallest name on one (a
+    search from it through larger names only, so each cycle is reported from one node)."""
     found = []
     for start in sorted(edges):
         pending, seen = [(start, [start])], {start}

@@ -6,11 +6,11 @@ See docs/attention.md.
 """
 
 from slotwise.attention.backend import AttentionBackend, GraphSupport
+from slotwise.attention.cache_allocation import allocate_kv_caches
 from slotwise.attention.impl import AttentionImpl
 from slotwise.attention.kv_cache import (
     BlockAllocator,
     OutOfBlocksError,
-    allocate_kv_caches,
     compute_slot_mapping,
     num_blocks_for,
     write_to_kv_cache,

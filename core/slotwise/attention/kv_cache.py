@@ -96,37 +96,3 @@ def write_to_kv_cache(
         key, value = key[:count], value[:count]
     slots[0].index_copy_(0, slot_mapping, key)
     slots[1].index_copy_(0, slot_mapping, value)
-
-
-def allocate_kv_caches(
-    model: torch.nn.Module,
-    num_blocks: int,
-    *,
-    device: torch.device | str | None = None,
-    dtype: torch.dtype | None = None,
-) -> dict[str, torch.Tensor]:
-    """Give every ``Attention`` layer in ``model`` a zeroed cache of ``num_blocks`` blocks.
-
-    Each layer's shape comes from its backend and its own block size; ``device``
-    defaults to the current platform's, ``dtype`` to the layer's.  Returns the caches
-    by layer name.
-    """
-    from slotwise.attention.layer import Attention
-    from slotwise.platforms import current_platform
-
-    device = torch.device(device or current_platform.device_type)
-    layers = [layer for layer in model.modules() if isinstance(layer, Attention)]
-    if not layers:
-        raise ValueError(f"{type(model).__name__} contains no slotwise Attention layer")
-    empty = [
-        torch.empty(layer.kv_cache_shape(num_blocks), dtype=dtype or layer.dtype, device=device)
-        for layer in layers
-    ]
-    if device.type == current_platform.device_type:
-        # Before the first write, while the platform has no pages to move yet.
-        current_platform.advise_resident_memory(empty)
-    caches = {}
-    for layer, cache in zip(layers, empty, strict=True):
-        layer.kv_cache = cache.zero_()
-        caches[layer.layer_name] = layer.kv_cache
-    return caches

@@ -24,7 +24,7 @@ import torch
 
 from slotwise.layers.rotary_embedding import RopeScaling, yarn_attention_factor
 from slotwise.models.errors import CheckpointError
-from slotwise.models.llama import LlamaConfig
+from slotwise.models.llama_config import LlamaConfig
 from slotwise.models.model_files import read_model_file
 
 logger = logging.getLogger("slotwise")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -32,44 +31,12 @@ from slotwise.distributed.parallel_layers import (
 from slotwise.layers.activation import SiluAndMul
 from slotwise.layers.layernorm import RMSNorm
 from slotwise.layers.logits import LogitsHead
-from slotwise.layers.rotary_embedding import RopeScaling, RotaryEmbedding
+from slotwise.layers.rotary_embedding import RotaryEmbedding
+from slotwise.models.hf_config import HFConfig, llama_config
+from slotwise.models.llama_config import LlamaConfig
 
 if TYPE_CHECKING:
     from typing_extensions import Self
-
-    from slotwise.models.hf_config import HFConfig
-
-
-@dataclass(frozen=True)
-class LlamaConfig:
-    """The shape of a Llama-family model; names are slotwise's (``num_layers`` for
-    transformers' ``num_hidden_layers``, ``max_position`` for ``max_position_embeddings``)."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    max_position: int = 2048
-    rope_theta: float = 10000.0
-    rope_scaling: RopeScaling | None = None
-    rms_norm_eps: float = 1e-6
-    tie_word_embeddings: bool = False
-    #: The size of each head; None: hidden_size / num_heads.
-    head_dim: int | None = None
-    qkv_bias: bool = False
-    o_proj_bias: bool = False
-    mlp_bias: bool = False
-    #: RMSNorm over each query and key head before the rotation (Qwen3).
-    qk_norm: bool = False
-    bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = ()
-    block_size: int = 16
-
-    @property
-    def head_size(self) -> int:
-        return self.hidden_size // self.num_heads if self.head_dim is None else self.head_dim
 
 
 PRESETS: dict[str, LlamaConfig] = {
@@ -258,8 +225,6 @@ class LlamaForCausalLM(nn.Module):
     def config_from_hf(cls, hf: HFConfig) -> LlamaConfig:
         """The config of transformers' ``LlamaForCausalLM``, checked whole by
         ``llama_config``; subclasses adjust it."""
-        from slotwise.models.hf_config import llama_config
-
         return llama_config(hf)
 
     def is_redundant_tensor(self, name: str) -> bool:
