@@ -173,3 +173,14 @@ def run_together(
         )
         raise AssertionError(f"processes still running after {timeout} s were killed\n{report}")
     return finished
+
+
+def pip_install_into(site: Path, folder: Path) -> None:
+    """Install the distribution in ``folder`` into the folder ``site`` (no dependencies,
+    no build isolation: what the test's interpreter has builds it)."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--target", str(site), str(folder)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip

@@ -18,6 +18,7 @@ import pytest
 from conformance.conformance_runs import TIMEOUT_S, environment, messages, outcomes, run_cli
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
+from support import pip_install_into
 
 from slotwise import version
 from slotwise.cli import new_plugin_command
@@ -252,12 +253,7 @@ def install(new_plugin, tmp_path: Path, *args: str) -> tuple[Path, Path]:
     """Generate the plugin and pip-install it into a folder of its own: (plugin, site)."""
     folder = generate(new_plugin, tmp_path / "plugin", *args)
     site = tmp_path / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--target", str(site), str(folder)],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
+    pip_install_into(site, folder)
     return folder, site
 
 

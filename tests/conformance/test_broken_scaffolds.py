@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from conformance_runs import environment, run_cli
+from support import pip_install_into
 
 pytestmark = pytest.mark.slow
 
@@ -44,12 +45,7 @@ def scaffold_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         capture_output=True,
     )
     site = root / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--target", str(site), str(folder)],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
+    pip_install_into(site, folder)
     return site
 
 
