@@ -27,8 +27,6 @@ ENVIRONMENT_VARIABLES: dict[str, str] = {
     "SLOTWISE_DIST_TIMEOUT": "seconds before a stuck rendezvous or collective fails (default 600)",
     "SLOTWISE_DISABLE_WARM_START": "1: always trace with Dynamo, never rebuild a model from "
     "its saved trace",
-    "SLOTWISE_DISABLE_DISCOVERY_CACHE": "1: find plugins with importlib.metadata in every "
-    "process, never from the discovery cache (~/.cache/slotwise/discovery)",
 }
 
 _TRUE = ("1", "true", "yes", "on")
@@ -132,7 +130,6 @@ def validate_all() -> None:
     flag("SLOTWISE_STRICT_PLUGINS")
     flag("SLOTWISE_DISABLE_COMPILE_CACHE")
     flag("SLOTWISE_DISABLE_WARM_START")
-    flag("SLOTWISE_DISABLE_DISCOVERY_CACHE")
     logging_level()
     probe_timeout()
     dist_timeout()

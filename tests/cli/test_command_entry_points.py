@@ -73,6 +73,21 @@ def test_a_module_without_the_command_protocol_is_refused(dists):
     assert "'slotwise_half' has no run" in done.stderr and "slotwise-half" in done.stderr
 
 
+def test_a_malformed_entry_point_value_names_the_value_and_the_fix(dists):
+    add_command(dists, "slotwise-garbled", HELLO, "garbled")
+    info = next(dists.root.glob("slotwise_garbled-*.dist-info"))
+    (info / "entry_points.txt").write_text(f"[{COMMAND_GROUP}]\ngarbled = not a module!\n")
+    done = slotwise(dists, "garbled")
+    assert done.returncode == 2
+    assert done.stderr == (
+        "slotwise: error: command 'garbled' of distribution slotwise-garbled 1.0 is unusable "
+        "(failed to load: ValueError: entry point value 'not a module!' is not 'module' or "
+        "'module:attribute'; fix the entry point in the distribution's pyproject.toml and "
+        "reinstall it); reinstall slotwise-garbled (pip install --force-reinstall "
+        "slotwise-garbled) or uninstall it\n"
+    )
+
+
 def test_a_command_cannot_replace_a_built_in_one(dists):
     add_command(dists, "slotwise-env-thief", HELLO, "env")
     done = slotwise(dists, "new-plugin", "--help")

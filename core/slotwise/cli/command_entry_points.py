@@ -9,11 +9,11 @@ fix, and leaves the other commands working.
 
 from __future__ import annotations
 
-import importlib
+import importlib.metadata
 from dataclasses import dataclass
 from types import ModuleType
 
-from slotwise.plugins.discovery_cache import FoundEntryPoint, find_entry_points
+from slotwise.plugins.entry_point_loading import load_entry_point
 
 COMMAND_GROUP = "slotwise.cli_commands"
 
@@ -31,12 +31,13 @@ def load_commands(
 ) -> tuple[dict[str, ModuleType], list[BrokenCommand]]:
     """The commands of the entry-point group, by name, and those that failed to load.
 
-    A name taken by a built-in command or by an earlier entry point (the same
-    distribution seen twice on ``sys.path``) is not loaded again.
+    A name taken by a built-in command or by an earlier entry point (of another
+    distribution: importlib.metadata lists one found twice on ``sys.path`` once) is not
+    loaded again.
     """
     commands: dict[str, ModuleType] = {}
     broken: list[BrokenCommand] = []
-    for ep in find_entry_points(COMMAND_GROUP):
+    for ep in importlib.metadata.entry_points(group=COMMAND_GROUP):
         if ep.name in commands or any(b.name == ep.name for b in broken):
             continue
         if ep.name in built_in:
@@ -49,7 +50,7 @@ def load_commands(
             )
             continue
         try:
-            module = _load(ep.value)
+            module = load_entry_point(ep)
         except Exception as exc:  # noqa: BLE001 - one broken command must not break the rest
             reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             broken.append(BrokenCommand(ep.name, _unusable(ep, f"failed to load: {reason}")))
@@ -66,14 +67,7 @@ def load_commands(
     return commands, broken
 
 
-def _load(value: str) -> ModuleType:
-    """The module (or ``module:attribute``) an entry point's value names."""
-    module_name, _, attribute = (part.strip() for part in value.partition(":"))
-    found = importlib.import_module(module_name)
-    return getattr(found, attribute) if attribute else found
-
-
-def _source(ep: FoundEntryPoint) -> str:
+def _source(ep: importlib.metadata.EntryPoint) -> str:
     name = getattr(ep.dist, "name", None)
     version = getattr(ep.dist, "version", None)
     if name is None:
@@ -81,7 +75,7 @@ def _source(ep: FoundEntryPoint) -> str:
     return f"distribution {name} {version}" if version else f"distribution {name}"
 
 
-def _unusable(ep: FoundEntryPoint, why: str) -> str:
+def _unusable(ep: importlib.metadata.EntryPoint, why: str) -> str:
     dist = getattr(ep.dist, "name", None) or "the distribution that declares it"
     return (
         f"command {ep.name!r} of {_source(ep)} is unusable ({why}); reinstall {dist} "

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import importlib
+import importlib.metadata
 import inspect
 import logging
 import os
@@ -30,7 +30,7 @@ import pluggy
 from slotwise import api_versioning, envs
 from slotwise.errors import SlotwiseError
 from slotwise.plugins import hookspecs
-from slotwise.plugins.discovery_cache import DistributionNames, find_entry_points
+from slotwise.plugins.entry_point_loading import load_entry_point
 from slotwise.plugins.markers import ENTRY_POINT_GROUP, PROJECT_NAME
 
 logger = logging.getLogger("slotwise")
@@ -64,14 +64,14 @@ class PluginRecord:
 
     name: str
     value: str
-    dist: DistributionNames | None = field(default=None, repr=False)
+    dist: importlib.metadata.Distribution | None = field(default=None, repr=False)
     status: str = "loaded"  # "loaded" | "failed" | "filtered"
     reason: str = ""
     #: What was warned about this plugin while it stayed loaded (conformance fails on it).
     warnings: list[str] = field(default_factory=list)
 
-    # Read lazily: without the discovery cache, a distribution's name and version come
-    # from parsing its METADATA file, which costs more than the rest of discovery.
+    # Read lazily: a distribution's name and version come from parsing its METADATA
+    # file, which costs more than the rest of discovery.
     @cached_property
     def distribution(self) -> str:
         return self.dist.name if self.dist else "<unknown>"
@@ -120,11 +120,13 @@ class PluginManager:
         self._warned: set[tuple[str, str]] = set()
 
     def load_entry_points(self) -> None:
-        entry_points = find_entry_points(ENTRY_POINT_GROUP)
+        """Load every plugin of the group, read from the installation by this process."""
+        # importlib.metadata lists a distribution found twice on sys.path (e.g. an
+        # editable install plus a source folder) once, the first, as imports find it.
+        entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
         for ep in sorted(entry_points, key=lambda ep: ep.name):
             if ep.name in self.records:
-                # The same distribution seen twice on sys.path (e.g. an editable
-                # install plus a source folder): the first one wins, as for imports.
+                # Two distributions declaring one plugin name: the first listed wins.
                 continue
             record = PluginRecord(name=ep.name, value=ep.value, dist=ep.dist)
             self.records[ep.name] = record
@@ -134,7 +136,7 @@ class PluginManager:
                 continue
             try:
                 with plugin_code(record, f"import of {ep.value!r}"):
-                    plugin = _load_entry_point(ep.value)
+                    plugin = load_entry_point(ep)
                 self._pm.register(plugin, name=ep.name)
             except Exception as exc:  # noqa: BLE001 - isolation is the point
                 self.fail(record, f"failed to load {ep.value!r}: {_describe(exc)}")
@@ -283,30 +285,6 @@ class PluginManager:
             "%s; skipped. Fix or uninstall it; SLOTWISE_STRICT_PLUGINS=1 makes this an error.",
             message,
         )
-
-
-def _load_entry_point(value: str) -> Any:
-    """The object an entry point's value (``"module"`` or ``"module:attr.attr"``, with
-    optional ``[extras]``, which are ignored) names, as ``EntryPoint.load()`` finds it.
-
-    Done here rather than by importlib.metadata, which costs more to import than the
-    rest of plugin discovery (see discovery_cache).
-    """
-    target, _, extras = value.partition("[")
-    module_name, colon, attributes = (part.strip() for part in target.partition(":"))
-    names = attributes.split(".") if colon else []
-    dotted = module_name.split(".") + names
-    if not all(name.isidentifier() for name in dotted) or (
-        extras and not extras.rstrip().endswith("]")
-    ):
-        raise ValueError(
-            f"entry point value {value!r} is not 'module' or 'module:attribute'; fix the "
-            "entry point in the distribution's pyproject.toml and reinstall it"
-        )
-    found = importlib.import_module(module_name)
-    for name in names:
-        found = getattr(found, name)
-    return found
 
 
 @contextlib.contextmanager
