@@ -11,12 +11,14 @@ prompts are already cached) of four variants, each in every dtype of ``--dtypes`
 * ``transformers eager``: ``AutoModelForCausalLM`` with its dynamic cache (the cache
   is cropped back by one token between steps, untimed);
 * ``transformers compile+static``: the same with a ``StaticCache`` and its forward
-  under ``torch.compile(fullgraph=True)``, transformers' fastest path;
+  under ``torch.compile(fullgraph=True)`` with the platform's default compile backend,
+  transformers' fastest path;
 * ``slotwise eager``: ``load_model`` at level 0 and ``ModelRunner.step``;
-* ``slotwise level3``: the same at level 3 (piecewise, Inductor).
+* ``slotwise level3``: the same at level 3 (piecewise, the platform's compile backend).
 
-Each step goes through the public entry point (``model(...)``, ``runner.step(...)``),
-so slotwise's attention metadata and transformers' masks are both paid.  Variants (of
+All run on the current platform's device.  Each step goes through the public entry point
+(``model(...)``, ``runner.step(...)``), so slotwise's attention metadata and
+transformers' masks are both paid.  Variants (of
 all dtypes) are interleaved step by step, each timed step right after an untimed one of
 the same variant (one that followed another model's step would find the caches full of
 that model's state, which no server sees).  "setup s" is the prefill and the first step
@@ -88,17 +90,29 @@ def back_to_prompt(cache: Any) -> None:
         cache.crop(-1)
 
 
+def platform_device() -> Any:
+    """The current platform's device, where slotwise runs and transformers is put too."""
+    import torch
+
+    from slotwise.platforms import current_platform
+
+    return torch.device(current_platform.device_type)
+
+
 def transformers_eager(folder: Path, dtype: Any) -> Callable[[Any], Step]:
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    device = platform_device()
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    model = model.to(device).eval()
 
     def prepare(prompts: Any) -> Step:
+        prompts = prompts.to(device)
         cache = transformers.DynamicCache(config=model.config)
         with torch.inference_mode():
             model(input_ids=prompts, past_key_values=cache, use_cache=True)
-        token = torch.ones(prompts.shape[0], 1, dtype=torch.long)
+        token = torch.ones(prompts.shape[0], 1, dtype=torch.long, device=device)
 
         def step() -> Any:
             with torch.inference_mode():
@@ -113,21 +127,26 @@ def transformers_compiled(folder: Path, dtype: Any) -> Callable[[Any], Step]:
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
-    compiled = torch.compile(model.forward, fullgraph=True)
+    from slotwise.decode_benchmark import torch_compile_options
+
+    device = platform_device()
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    model = model.to(device).eval()
+    compiled = torch.compile(model.forward, fullgraph=True, **torch_compile_options())
 
     def prepare(prompts: Any) -> Step:
+        prompts = prompts.to(device)
         batch = prompts.shape[0]
         cache = transformers.StaticCache(config=model.config, max_cache_len=PROMPT_LEN + 1)
         with torch.inference_mode():
             model(
                 input_ids=prompts,
                 past_key_values=cache,
-                cache_position=torch.arange(PROMPT_LEN),
+                cache_position=torch.arange(PROMPT_LEN, device=device),
                 use_cache=True,
             )
-        token = torch.ones(batch, 1, dtype=torch.long)
-        position = torch.tensor([PROMPT_LEN])
+        token = torch.ones(batch, 1, dtype=torch.long, device=device)
+        position = torch.tensor([PROMPT_LEN], device=device)
 
         def step() -> Any:
             with torch.inference_mode():

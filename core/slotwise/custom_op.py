@@ -19,17 +19,21 @@ from __future__ import annotations
 
 import functools
 import logging
+import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 from torch import nn
 
+from slotwise import api_versioning
 from slotwise.compilation.context import get_current_compilation_config
-from slotwise.errors import SlotwiseError
-from slotwise.import_path import check_import_path, resolve_import_path
 from slotwise.platforms import get_current_platform
-from slotwise.platforms.registries import filled_registry
-from slotwise.plugins.registration import own_platform
+from slotwise.platforms.registries import (
+    PluginRegistry,
+    Registration,
+    RegistryError,
+    filled_registry,
+)
 
 logger = logging.getLogger("slotwise")
 
@@ -41,84 +45,126 @@ Implementation = Callable[..., Any]
 CORE_OP_NAMES = frozenset({"logits", "rms_norm", "rotary_embedding", "silu_and_mul"})
 
 
-class CustomOpError(SlotwiseError, ValueError):
+class CustomOpError(RegistryError):
     """A custom op or a replacement for one is declared wrongly."""
 
 
-class CustomOpRegistry:
+class CustomOpRegistry(PluginRegistry):
     """Replacements of custom ops, per op name and platform name.
 
     Passed to the ``slotwise_register_custom_ops`` hook.  An implementation is a
     function taking the layer first, like a method (``def rms_norm(layer, x,
-    residual=None)``), or a ``"module:function"`` string imported on first use.
+    residual=None)``), or a ``"module:function"`` string imported on first use.  Of
+    several replacements of one op on one platform the highest priority wins, at equal
+    priority the earlier (with a warning: give the one that should win a higher one).
     """
 
-    def __init__(self, own_platforms: tuple[str, ...] = ()) -> None:
-        self._entries: dict[tuple[str, str], Implementation | str] = {}
-        self._sources: dict[tuple[str, str], str] = {}
-        #: The platforms the registering plugin declares, for ``register_own``.
-        self.own_platforms = own_platforms
+    _error_type = CustomOpError
+    _call = "registry.register(platform_name, op_name, implementation, priority=0)"
 
-    def register(self, op_name: str, platform: str, implementation: Implementation | str) -> None:
+    def register(
+        self,
+        platform_name: str,
+        op_name: str,
+        implementation: Implementation | str,
+        priority: int = 0,
+    ) -> None:
+        """Replace ``op_name`` on ``platform_name`` by ``implementation``."""
         known_ops = CORE_OP_NAMES | set(CustomOp.op_classes)
+        if _in_the_old_order(platform_name, op_name, known_ops):
+            platform_name, op_name = op_name, platform_name
         if op_name not in known_ops:
             known = ", ".join(sorted(known_ops))
             raise CustomOpError(
-                f"cannot register a replacement for unknown custom op {op_name!r}; "
-                f"known ops: {known}"
+                f"cannot register a replacement for unknown custom op {op_name!r} on platform "
+                f"{platform_name!r}; known ops: {known}; call {self._call}"
             )
-        if isinstance(implementation, str):
-            check_import_path(
-                implementation,
-                f"replacement for custom op {op_name!r}",
-                fix="give a 'module:function' string such as 'slotwise_myvendor.ops:rms_norm'"
-                ", or the function itself",
-                error=CustomOpError,
+        if not isinstance(implementation, str) and not callable(implementation):
+            raise CustomOpError(
+                f"replacement for custom op {op_name!r} on platform {platform_name!r} must be "
+                f"a function or a 'module:function' string, got {implementation!r}; "
+                f"call {self._call}"
             )
-        elif not callable(implementation):
-            raise CustomOpError(f"replacement for {op_name!r} must be callable")
-        self._entries[(op_name, platform)] = implementation
+        added = self._add(
+            platform_name,
+            implementation,
+            priority,
+            what=f"replacement for custom op {op_name!r}",
+            example="slotwise_myvendor.ops:rms_norm",
+            name=op_name,
+        )
+        self._warn_on_a_tie(added, self._registrations[:-1])
 
-    def register_own(self, op_name: str, implementation: Implementation | str) -> None:
+    def register_own(
+        self, op_name: str, implementation: Implementation | str, priority: int = 0
+    ) -> None:
         """Replace ``op_name`` on the platform this plugin declares in ``slotwise_platforms``.
 
         The registry knows that name, so the plugin writes it once, in its spec.
         """
-        platform = own_platform(self.own_platforms, "register_own", CustomOpError)
-        self.register(op_name, platform, implementation)
+        self.register(self._own_platform(), op_name, implementation, priority)
 
     def registrations(self) -> list[tuple[str, str]]:
-        return [(platform, f"a replacement for custom op {op!r}") for op, platform in self._entries]
+        return [
+            (r.platform, f"a replacement for custom op {r.name!r}") for r in self._registrations
+        ]
 
-    def merge(self, other: CustomOpRegistry, source: str) -> None:
-        """Take ``other``'s entries (one plugin's); a clash keeps the later one, loudly."""
-        for key, implementation in other._entries.items():
-            if key in self._entries:
-                logger.warning(
-                    "custom op %r on platform %r is replaced by both %s and %s; %s wins",
-                    *key,
-                    self._sources[key],
-                    source,
-                    source,
-                )
-            self._entries[key] = implementation
-            self._sources[key] = source
+    def merge(self, other: PluginRegistry, source: str) -> None:
+        """Take ``other``'s registrations (plugin ``source``'s), after the ones already here."""
+        before = list(self._registrations)
+        super().merge(other, source)
+        for added in self._registrations[len(before) :]:
+            self._warn_on_a_tie(added, before)
 
     def lookup(self, op_name: str, platform: str) -> Implementation | None:
-        entry = self._entries.get((op_name, platform))
-        if isinstance(entry, str):
-            entry = resolve_import_path(
-                entry,
-                what=f"replacement for custom op {op_name!r} on platform {platform!r} from "
-                f"{self._sources.get((op_name, platform), 'a plugin')}",
-                fix="fix or uninstall the plugin that registers it",
-                error=CustomOpError,
-            )
-            self._entries[(op_name, platform)] = entry
-        return entry
+        """The winning replacement of ``op_name`` on ``platform``, or None without one."""
+        ranked = self._ranked(platform, op_name)
+        return ranked[0].load() if ranked else None
 
     def entries(self) -> list[tuple[str, str]]:
-        return sorted(self._entries)
+        """Every (op name, platform name) with a replacement, sorted."""
+        return sorted({(r.name, r.platform) for r in self._registrations})
+
+    def _warn_on_a_tie(self, added: Registration, earlier: list[Registration]) -> None:
+        rival = next(
+            (
+                r
+                for r in earlier
+                if (r.name, r.platform, r.priority) == (added.name, added.platform, added.priority)
+            ),
+            None,
+        )
+        if rival is not None:
+            logger.warning(
+                "custom op %r on platform %r is replaced by both %s and %s at priority %d; the "
+                "first registered (%s) wins: give the one that should win a higher priority",
+                added.name,
+                added.platform,
+                rival.source or rival.label,
+                added.source or added.label,
+                added.priority,
+                rival.source or rival.label,
+            )
+
+
+def _in_the_old_order(first: object, second: object, known_ops: frozenset[str]) -> bool:
+    """Whether ``register(first, second, ...)`` is the order before API 1.5,
+    ``register(op_name, platform, ...)``: only when the new order cannot be meant (its
+    op name would be unknown), so a valid call is never reread.  Warns when it is."""
+    if not (isinstance(first, str) and isinstance(second, str)):
+        return False
+    if first not in known_ops or second in known_ops:
+        return False
+    old, new, deprecated_in = api_versioning.REORDERED_ARGUMENTS["CustomOpRegistry.register"]
+    warnings.warn(
+        f"CustomOpRegistry.register({first!r}, {second!r}, ...) passes ({old}), the order "
+        f"deprecated in slotwise API {deprecated_in}: write register({second!r}, {first!r}, "
+        f"...), that is ({new}) (the old order stops working in API "
+        f"{api_versioning.removal_version(deprecated_in)})",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return True
 
 
 def get_custom_op_registry() -> CustomOpRegistry:

@@ -15,10 +15,13 @@ from slotwise.errors import EnvironmentVariableError
 #: Every variable slotwise reads, with what it does; `slotwise env` and docs list them.
 ENVIRONMENT_VARIABLES: dict[str, str] = {
     "SLOTWISE_PLATFORM": "select a platform by name instead of the highest-priority one",
-    "SLOTWISE_PLUGINS": "comma-separated allow-list of plugin entry-point names to load",
+    "SLOTWISE_PLUGINS": "comma-separated allow-list of plugin entry-point names to load "
+    "(unset: every plugin; set but empty: none)",
     "SLOTWISE_STRICT_PLUGINS": "1: a broken plugin is an error instead of a warning",
     "SLOTWISE_PROBE_TIMEOUT": "seconds a platform probe may take before it counts as failed "
     "(default 10)",
+    "SLOTWISE_PLUGIN_TIMEOUT": "seconds a plugin's import or one of its hooks may take before "
+    "the plugin counts as failed (default 30)",
     "SLOTWISE_COMPILATION_CONFIG": "compilation config as a JSON object or a JSON file path",
     "SLOTWISE_DISABLE_COMPILE_CACHE": "1: never read or write the persistent compile cache",
     "SLOTWISE_CACHE_ROOT": "compile cache folder (default ~/.cache/slotwise/compile)",
@@ -34,6 +37,8 @@ _FALSE = ("0", "false", "no", "off")
 LOGGING_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_PROBE_TIMEOUT_S = 10.0
 MAX_PROBE_TIMEOUT_S = 3600.0
+DEFAULT_PLUGIN_TIMEOUT_S = 30.0
+MAX_PLUGIN_TIMEOUT_S = 3600.0
 DEFAULT_DIST_TIMEOUT_S = 600.0
 MAX_DIST_TIMEOUT_S = 7 * 24 * 3600.0  # a week: beyond it, timedelta and NCCL overflow
 
@@ -92,6 +97,11 @@ def probe_timeout() -> float:
     return positive_float("SLOTWISE_PROBE_TIMEOUT", DEFAULT_PROBE_TIMEOUT_S, MAX_PROBE_TIMEOUT_S)
 
 
+def plugin_timeout() -> float:
+    """SLOTWISE_PLUGIN_TIMEOUT: seconds slotwise waits for a plugin's import or one hook."""
+    return positive_float("SLOTWISE_PLUGIN_TIMEOUT", DEFAULT_PLUGIN_TIMEOUT_S, MAX_PLUGIN_TIMEOUT_S)
+
+
 def dist_timeout() -> float:
     """SLOTWISE_DIST_TIMEOUT: seconds a rendezvous or collective may take."""
     return positive_float("SLOTWISE_DIST_TIMEOUT", DEFAULT_DIST_TIMEOUT_S, MAX_DIST_TIMEOUT_S)
@@ -113,8 +123,10 @@ def logging_level() -> str:
 
 
 def name_list(name: str) -> list[str] | None:
-    """A comma-separated list, or ``None`` when the variable is unset."""
-    value = get(name)
+    """A comma-separated list; ``None`` when the variable is unset, ``[]`` when it is set
+    but names nothing (``SLOTWISE_PLUGINS=''`` allows no plugin, as vLLM's VLLM_PLUGINS)."""
+    assert name in ENVIRONMENT_VARIABLES, f"undocumented slotwise variable {name}"
+    value = os.environ.get(name)
     if value is None:
         return None
     return [item.strip() for item in value.split(",") if item.strip()]
@@ -132,4 +144,5 @@ def validate_all() -> None:
     flag("SLOTWISE_DISABLE_WARM_START")
     logging_level()
     probe_timeout()
+    plugin_timeout()
     dist_timeout()

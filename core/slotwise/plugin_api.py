@@ -21,12 +21,14 @@ _EXPORTS: dict[str, str] = {
     # versions and errors
     "API_VERSION": "slotwise.version",
     "SlotwiseError": "slotwise.errors",
+    "RegistryError": "slotwise.platforms.registries",
     # declaring platforms (plugins, platforms)
     "hookimpl": "slotwise.plugins.markers",
     "PlatformSpec": "slotwise.platforms.spec",
     "Platform": "slotwise.platforms.interface",
     # compilation: what check_and_update_config adjusts, and the piecewise backends
     "CompilationConfig": "slotwise.compilation.config",
+    "CompilationLevel": "slotwise.compilation.config",
     "GraphMode": "slotwise.graph_mode",
     "AbstractPiecewiseBackend": "slotwise.compilation.splitting.piecewise_backend",
     "CompiledPiecewiseBackend": "slotwise.compilation.splitting.piecewise_backend",
@@ -49,6 +51,7 @@ _EXPORTS: dict[str, str] = {
     "AttentionImpl": "slotwise.attention.impl",
     "AttentionMetadata": "slotwise.attention.metadata",
     "AttentionMetadataBuilder": "slotwise.attention.metadata",
+    "BatchSplit": "slotwise.attention.metadata",
     "GraphSupport": "slotwise.attention.backend",
     "AttentionBackendRegistry": "slotwise.attention.registry",
     "write_to_kv_cache": "slotwise.attention.kv_cache",

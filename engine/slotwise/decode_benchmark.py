@@ -34,7 +34,10 @@ import torch
 
 from slotwise.attention.layer import Attention
 from slotwise.attention.selector import select_attention_backend
-from slotwise.compilation.config import CompilationConfig, GraphMode
+from slotwise.compilation.compiled_forward import torch_compile_disabled
+from slotwise.compilation.compilers import check_inductor_targets, make_compiler
+from slotwise.compilation.config import CompilationConfig, ConfigError, GraphMode
+from slotwise.compilation.splitting.dynamo_backends import as_is_backend
 from slotwise.compilation.static_graphs.graph_modes import default_graph_mode, supported_graph_modes
 from slotwise.models.llama import PRESETS, LlamaConfig, LlamaForCausalLM, build_llama
 from slotwise.platforms import get_current_platform
@@ -56,6 +59,9 @@ VARIANTS = (
 )
 #: What runs when no variant is named: "reduce-overhead" only differs on a GPU.
 DEFAULT_VARIANTS = ("eager", "level3", "level3+graphs", "torch.compile")
+#: The variants that run the model under plain torch.compile, with the platform's
+#: default compile backend, and the torch.compile mode of each.
+TORCH_COMPILE_VARIANTS = {"torch.compile": None, "torch.compile:reduce-overhead": "reduce-overhead"}
 #: The variants that capture static graphs, with their graph mode.
 GRAPH_VARIANTS = {
     "level3+graphs": GraphMode.PIECEWISE,
@@ -147,6 +153,8 @@ class BenchmarkResult:
     #: The 1-minute load average before and after the run (None where the OS has none):
     #: other processes on the machine slow single steps down.
     load_average: list[float] | None = None
+    #: Default variants that cannot run here, each with the reason (``unavailable_variants``).
+    skipped_variants: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -157,12 +165,18 @@ def variants_for_platform(
 ) -> list[str]:
     """The requested variants (default: all that make sense on this platform); a graph
     variant needs its graph mode among those the platform and the model's attention
-    backend support (``supported_graph_modes``)."""
+    backend support (``supported_graph_modes``); a torch.compile variant, a compiler
+    (``unavailable_variants``)."""
     platform = get_current_platform()
     names = list(requested or DEFAULT_VARIANTS)
     unknown = [name for name in names if name not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+    unavailable = unavailable_variants(names)
+    if unavailable and requested:
+        name, reason = next(iter(unavailable.items()))
+        raise ValueError(f"variant {name!r} cannot run here: {reason}; drop it from --variants")
+    names = [name for name in names if name not in unavailable]
     backend = attention_backend_of(preset, dtype)
     supported = supported_graph_modes(platform, backend)
     unsupported = [n for n in names if GRAPH_VARIANTS.get(n, GraphMode.NONE) not in supported]
@@ -175,6 +189,47 @@ def variants_for_platform(
             f"(it supports {', '.join(mode.name for mode in supported)}); drop it from --variants"
         )
     return [name for name in names if name not in unsupported]
+
+
+def unavailable_variants(names: Sequence[str]) -> dict[str, str]:
+    """Why each torch.compile variant among ``names`` cannot run here: torch.compile is
+    switched off (``TORCH_COMPILE_DISABLE=1``), or the platform's default compile backend,
+    which the variant compiles with, cannot serve it (Inductor without a code generator
+    for the device; a torch.compile mode, which is Inductor's, with another compiler)."""
+    platform = get_current_platform()
+    backend = platform.default_compile_backend
+    reasons = {}
+    for name in names:
+        if name not in TORCH_COMPILE_VARIANTS:
+            continue
+        mode = TORCH_COMPILE_VARIANTS[name]
+        if torch_compile_disabled():
+            reasons[name] = "TORCH_COMPILE_DISABLE=1 switches torch.compile off"
+        elif mode is not None and backend != "inductor":
+            reasons[name] = (
+                f"mode {mode!r} is Inductor's, and platform {platform.name} compiles with its "
+                f"default backend {backend!r}"
+            )
+        elif backend == "inductor":
+            try:
+                check_inductor_targets(platform)
+            except ConfigError as error:
+                reasons[name] = str(error)
+    return reasons
+
+
+def check_compiler(base: CompilationConfig) -> None:
+    """Make the compiler of the level-3 variants once, before any model is built: a
+    backend that cannot work here (Inductor on a device it has no code generator for)
+    is refused with one ConfigError, and Inductor's cache folder is placed before
+    anything else imports Inductor. Under ``TORCH_COMPILE_DISABLE=1`` they compile
+    nothing."""
+    if torch_compile_disabled():
+        return
+    platform = get_current_platform()
+    config = base.replace(level=3)
+    platform.check_and_update_config(config)
+    make_compiler(config.backend or platform.default_compile_backend, config)
 
 
 def attention_backend_of(model: str, dtype: torch.dtype) -> type:
@@ -245,9 +300,12 @@ def setup_variant(
     """Build, compile (first call) and capture one variant; time both."""
     config = _variant_config(name, base, batch_sizes)
     model = build_model(preset, dtype=dtype, compilation_config=config)
-    if name.startswith("torch.compile"):
-        mode = name.partition(":")[2] or None
-        model.model.forward = torch.compile(model.model.forward, fullgraph=True, mode=mode)
+    if name in TORCH_COMPILE_VARIANTS:
+        model.model.forward = torch.compile(
+            model.model.forward,
+            fullgraph=True,
+            **torch_compile_options(TORCH_COMPILE_VARIANTS[name]),
+        )
     max_batch = max(batch_sizes)
     blocks_per_request = -(-(prompt_len + 8) // model.config.block_size)
     runner = ModelRunner(model, num_blocks=max_batch * blocks_per_request + 1)
@@ -256,6 +314,15 @@ def setup_variant(
     compile_seconds = time.perf_counter() - start
     reports = runner.capture(progress=progress)
     return VariantSetup(name, runner, compile_seconds, sum(r.seconds for r in reports), dtype)
+
+
+def torch_compile_options(mode: str | None = None) -> dict[str, Any]:
+    """torch.compile's ``backend`` (and ``mode``, Inductor's) as the platform compiles:
+    its default compile backend, a plugin's Compiler as level 1 runs it."""
+    backend = get_current_platform().default_compile_backend
+    if backend in ("eager", "inductor"):
+        return {"backend": backend, "mode": mode}
+    return {"backend": as_is_backend(CompilationConfig(level=1, backend=backend))}
 
 
 def _prompts(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
@@ -432,6 +499,8 @@ def run_benchmark(
     no dtype measured is float32 (a large model's costs memory and set-up time), and
     ``max_abs_logit_diff_vs_float32`` stays None."""
     dtypes = [dtype] if isinstance(dtype, torch.dtype) else list(dict.fromkeys(dtype))
+    if any(name in GRAPH_VARIANTS or name == "level3" for name in variants or DEFAULT_VARIANTS):
+        check_compiler(base)
     # A default variant that some dtype cannot run (a graph mode its attention backend
     # lacks) is left out for all, so every dtype measures the same variants.
     per_dtype = [variants_for_platform(variants, preset, each) for each in dtypes]
@@ -453,7 +522,11 @@ def run_benchmark(
         iterations=iterations,
         dtype=",".join(_dtype_name(each) for each in dtypes),
         default_graph_mode=default_mode_of(preset, dtypes[0]),
+        # Requested variants that cannot run stopped variants_for_platform already.
+        skipped_variants={} if variants else unavailable_variants(DEFAULT_VARIANTS),
     )
+    for name, reason in result.skipped_variants.items():
+        logger.warning("variant %s is skipped: %s", name, reason)
     logger.info(
         "default graph mode %s (variant %s): %s",
         result.default_graph_mode["mode"],

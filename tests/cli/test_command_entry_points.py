@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from support import Distributions, clean_env
 
-from slotwise.cli.command_entry_points import COMMAND_GROUP
+from slotwise.cli.command_entry_points import COMMAND_GROUP, find_commands
 
 cli_main = importlib.import_module("slotwise.cli.main")
 
@@ -42,28 +44,142 @@ def slotwise(dists: Distributions, *args: str) -> subprocess.CompletedProcess[st
     return dists.run(f"from slotwise.cli.main import main\nraise SystemExit(main({list(args)!r}))")
 
 
+#: A command module that announces its import, so a test can tell whether it was imported.
+NOISY = (
+    """
+    import sys
+    print("noisy imported")
+    print("noisy imported", file=sys.stderr)
+"""
+    + HELLO
+)
+
+
 def test_a_distribution_adds_a_command_through_its_entry_point(dists):
     add_command(dists, "slotwise-hello", HELLO, "hello")
     done = slotwise(dists, "hello", "--to", "you")
     assert done.returncode == 0, done.stderr
     assert done.stdout == "hello you from hello\n"
+    assert "usage: slotwise hello [-h] [--to TO]" in slotwise(dists, "hello", "--help").stdout
+
+
+def test_only_the_command_asked_for_is_imported_and_help_lists_all_from_metadata(dists):
+    add_command(dists, "slotwise-noisy", NOISY, "noisy")
     listed = slotwise(dists, "--help")
-    assert listed.returncode == 0 and "say hello" in listed.stdout
+    assert listed.returncode == 0, listed.stderr
+    (line,) = [line for line in listed.stdout.splitlines() if line.strip().startswith("noisy")]
+    assert "from slotwise-noisy; 'slotwise noisy --help' for its options" in line
+    assert "noisy imported" not in listed.stdout + listed.stderr
+    other = slotwise(dists, "new-plugin", "--help")
+    assert other.returncode == 0 and "noisy imported" not in other.stdout + other.stderr
+    asked = slotwise(dists, "noisy", "--to", "you")
+    assert asked.returncode == 0, asked.stderr
+    # What the module prints at import goes to stderr: stdout is the command's answer.
+    assert asked.stdout == "hello you from noisy\n"
+    assert asked.stderr.count("noisy imported") == 2
 
 
-def test_a_broken_command_is_reported_and_the_others_still_work(dists):
+def test_a_broken_command_breaks_itself_alone(dists):
     add_command(dists, "slotwise-broken", "import no_such_module_here\n", "broken")
     add_command(dists, "slotwise-hello", HELLO, "hello")
     done = slotwise(dists, "hello")
     assert done.returncode == 0, done.stderr
     assert done.stdout == "hello world from hello\n"
-    (warning,) = [line for line in done.stderr.splitlines() if "broken" in line]
-    assert "slotwise-broken 1.0" in warning and "No module named 'no_such_module_here'" in warning
-    assert "pip install --force-reinstall slotwise-broken" in warning
+    assert "broken" not in done.stderr  # never imported, so never met
     asked = slotwise(dists, "broken", "--flag")
     assert asked.returncode == 2
-    assert asked.stderr.startswith("slotwise: error: command 'broken' of distribution ")
-    assert len(asked.stderr.splitlines()) == 1, asked.stderr
+    assert asked.stderr == (
+        "slotwise: error: command 'broken' of distribution slotwise-broken 1.0 is unusable "
+        "(failed to load: ModuleNotFoundError: No module named 'no_such_module_here'); "
+        "reinstall slotwise-broken (pip install --force-reinstall slotwise-broken) or "
+        "uninstall it\n"
+    )
+
+
+#: Command modules that misbehave where no command module should: printing, exiting and
+#: raising at import or in add_parser.
+MISBEHAVING = {
+    "exits-at-import": "import sys\nprint('exiting')\nsys.exit(4)\n",
+    "raises-in-add-parser": (
+        "def add_parser(commands, name):\n"
+        "    print('adding')\n"
+        "    raise RuntimeError('no parser today')\n"
+        "def run(args):\n"
+        "    return 0\n"
+    ),
+    "exits-in-add-parser": (
+        "import sys\n"
+        "def add_parser(commands, name):\n"
+        "    sys.exit('bye')\n"
+        "def run(args):\n"
+        "    return 0\n"
+    ),
+}
+
+
+def test_misbehaving_command_modules_leave_env_json_alone(dists):
+    for name, source in MISBEHAVING.items():
+        add_command(dists, f"slotwise-{name}", source, name)
+    done = slotwise(dists, "env", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["platform"] == "cpu"  # stdout is the JSON alone
+    for name in MISBEHAVING:
+        assert name not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("exits-at-import", "failed to load: called sys.exit(4)"),
+        ("raises-in-add-parser", "add_parser failed: RuntimeError: no parser today"),
+        ("exits-in-add-parser", "add_parser failed: called sys.exit('bye')"),
+    ],
+)
+def test_a_command_that_exits_or_raises_while_loading_is_one_error_naming_it(dists, name, why):
+    add_command(dists, f"slotwise-{name}", MISBEHAVING[name], name)
+    done = slotwise(dists, name)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    error = done.stderr.splitlines()[-1]
+    assert error == (
+        f"slotwise: error: command {name!r} of distribution slotwise-{name} 1.0 is unusable "
+        f"({why}); reinstall slotwise-{name} (pip install --force-reinstall slotwise-{name}) "
+        "or uninstall it"
+    )
+
+
+def test_a_command_declared_twice_is_warned_about_naming_both_distributions(dists, tmp_path):
+    add_command(dists, "slotwise-hello", HELLO, "hello")
+    later = Distributions(tmp_path / "later")
+    later.root.mkdir()
+    add_command(later, "slotwise-hello-too", "raise ImportError('must not be imported')", "hello")
+    done = dists.run(
+        "from slotwise.cli.main import main\nraise SystemExit(main(['hello']))",
+        PYTHONPATH=str(later.root),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "hello world from hello\n"
+    assert done.stderr == (
+        "WARNING slotwise: the command 'hello' is declared by distribution slotwise-hello 1.0 "
+        "and distribution slotwise-hello-too 1.0; slotwise runs the one of distribution "
+        "slotwise-hello 1.0. Uninstall slotwise-hello-too or rename its entry point\n"
+    )
+
+
+def test_the_engine_commands_win_over_look_alikes_found_first(dists):
+    # dists comes first on sys.path, before the engine's installation.
+    add_command(dists, "slotwise-evil", "raise ImportError('must not be imported')", "generate")
+    done = slotwise(dists, "generate", "--help")
+    assert done.returncode == 0, done.stderr
+    assert "--model DIR" in done.stdout
+    (warning,) = done.stderr.splitlines()
+    engine = importlib.metadata.distribution("slotwise-engine")
+    assert warning == (
+        "WARNING slotwise: the command 'generate' is declared by distribution slotwise-evil "
+        f"1.0 and distribution slotwise-engine {engine.version}; slotwise runs the one of "
+        f"distribution slotwise-engine {engine.version}. Uninstall slotwise-evil or rename "
+        "its entry point"
+    )
 
 
 def test_a_module_without_the_command_protocol_is_refused(dists):
@@ -113,17 +229,18 @@ def test_generate_and_bench_come_from_the_engine_distribution():
     assert not {"generate", "bench"} & set(cli_main.BUILT_IN_COMMANDS)
 
 
-def test_without_the_engine_its_commands_say_what_to_install(capsys):
+def test_without_the_engine_its_commands_say_what_to_install():
     # What `slotwise generate` answers where only the core is installed (the venv test in
     # tests/packaging runs the real command there): one line, the package to install.
-    commands = dict(cli_main.BUILT_IN_COMMANDS)
-    reason = cli_main._unavailable(["generate", "--model", "folder"], commands, [])
+    commands, _ = find_commands(cli_main.BUILT_IN_COMMANDS)
+    commands = {name: commands[name] for name in cli_main.BUILT_IN_COMMANDS}
+    reason = cli_main._unavailable("generate", commands)
     assert reason == (
         "slotwise generate is part of the slotwise-engine distribution, which is not "
         "installed: pip install slotwise-engine (installed: conformance, env, matrix, "
         "new-plugin)"
     )
-    assert cli_main._unavailable(["env"], commands, []) is None
+    assert cli_main._unavailable("env", commands) is None
 
 
 def test_without_the_engine_its_modules_fail_with_the_package_to_install():

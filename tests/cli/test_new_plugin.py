@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -190,9 +191,46 @@ def test_a_failure_half_way_leaves_nothing(new_plugin, tmp_path, monkeypatch):
         return write_text(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "write_text", failing)
-    with pytest.raises(OSError, match="disk full"):
-        new_plugin(NAME, "--path", str(tmp_path / "plugin"))
+    code, out, err = new_plugin(NAME, "--path", str(tmp_path / "plugin"))
+    assert code == 2 and out == ""
+    assert err == (
+        f"slotwise new-plugin: error: cannot write the plugin to {tmp_path / 'plugin'}: "
+        f"{tmp_path / 'plugin'}: disk full; choose a --path in a folder you can write to\n"
+    )
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "under, problem",
+    [
+        ("a-file", "{tmp}/a-file: exists and is not a folder"),
+        ("a-file/deeper", "{tmp}/a-file/deeper: not a directory"),
+    ],
+)
+def test_a_folder_that_cannot_be_made_is_named_in_one_line(new_plugin, tmp_path, under, problem):
+    (tmp_path / "a-file").write_text("in the way")
+    path = tmp_path / under / "plugin"
+    code, out, err = new_plugin(NAME, "--path", str(path))
+    assert code == 2 and out == ""
+    assert err == (
+        f"slotwise new-plugin: error: cannot write the plugin to {path}: "
+        f"{problem.format(tmp=tmp_path)}; choose a --path in a folder you can write to\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_a_folder_it_may_not_write_in_is_named(new_plugin, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("this user writes in folders without write permission (root)")
+        code, _, err = new_plugin(NAME, "--path", str(locked / "plugin"))
+    finally:
+        locked.chmod(0o700)
+    assert code == 2
+    assert f"cannot write the plugin to {locked / 'plugin'}: {locked}: permission denied" in err
 
 
 def test_the_platform_name_is_written_once(new_plugin, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ import torch
 import torch.fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from slotwise.compilation.cache import inductor_cache_dir
 from slotwise.compilation.cache.compile_cache import FACTORS_FILE, CompileCache
 from slotwise.compilation.cache.graph_fingerprint import UnfingerprintableGraph, fingerprint
 from slotwise.compilation.compile_counters import counters
@@ -447,6 +449,39 @@ def test_a_piece_that_cannot_be_saved_still_runs(tmp_path, caplog):
     (warning,) = slotwise_records(caplog)
     assert "could not be saved" in warning.getMessage()
     assert entries(cache) == []
+
+
+class FillsTheDiskOnceCompiler(PicklingCompiler):
+    """Its first compile ends as Inductor's does when the C++ compiler finds the disk full."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.failures = 1
+
+    def compile(self, graph, example_inputs, *, runtime_shape):
+        if self.failures:
+            self.failures -= 1
+            full = OSError(errno.ENOSPC, "No space left on device")
+            raise RuntimeError("InductorError: CppCompileError: C++ compile error") from full
+        return super().compile(graph, example_inputs, runtime_shape=runtime_shape)
+
+
+def test_a_compile_that_fills_the_disk_is_tried_again_off_that_disk(tmp_path, monkeypatch, caplog):
+    from torch._inductor import config as inductor_config
+
+    monkeypatch.setattr(inductor_cache_dir, "_placed", None)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "full"))
+    cache = make_cache(tmp_path, FillsTheDiskOnceCompiler)
+    with inductor_config.patch(cpp_cache_precompile_headers=True):
+        with caplog.at_level(logging.WARNING, logger="slotwise"):
+            run_layer(cache.compile(torch.fx.symbolic_trace(layer_3), [X, W], runtime_shape=None))
+        assert not inductor_config.cpp_cache_precompile_headers  # about 150 MiB, not again
+    (warning,) = slotwise_records(caplog)
+    assert f"a compile ran out of space in Inductor's cache {tmp_path / 'full'}" in (
+        warning.getMessage()
+    )
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == inductor_cache_dir._private
+    assert len(entries(cache)) == 1  # slotwise's own cache still written where it has room
 
 
 def test_unhashable_pieces_compile_uncached(tmp_path):

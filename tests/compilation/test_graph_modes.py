@@ -14,8 +14,11 @@ from slotwise.compilation.compiled_forward import prepare_config
 from slotwise.compilation.platform_defaults import apply_platform_defaults
 from slotwise.compilation.static_graphs.graph_modes import (
     attention_backends_of,
+    check_graph_mode_level,
     default_graph_mode,
     require_graph_mode,
+    settle_graph_mode,
+    sizes_padding_never_reaches,
     step_graph_mode,
     supported_graph_modes,
 )
@@ -241,3 +244,185 @@ def test_a_model_is_judged_by_the_backends_of_all_its_attention_layers():
     choice = default_graph_mode(Graphs(), backends)
     assert choice.mode == PIECEWISE and "CPU_SDPA has graph_support PIECEWISE_ONLY" in choice.reason
     assert attention_backends_of(torch.nn.Linear(2, 2)) == []
+
+
+@pytest.fixture
+def settled(caplog):
+    """``settled(platform, supports, **fields)``: a level-3 config with ``fields`` settled
+    for a model whose attention backends have ``supports``, and the records it logged."""
+
+    def settle(platform, supports, **fields):
+        config = CompilationConfig(level=3, **fields)
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="slotwise"):
+            settle_graph_mode(config, platform, [backend(support) for support in supports])
+        return config, list(caplog.records)
+
+    return settle
+
+
+@pytest.mark.parametrize(
+    "requested, supports, expected, why",
+    [
+        (PIECEWISE, [ALWAYS], NONE, "no piecewise graph can leave attention out"),
+        (PIECEWISE, [PIECEWISE_ONLY], NONE, "graph_mode=FULL captures the whole model"),
+        (BOTH, [ALWAYS], FULL, "full graphs of the whole model \\(FULL\\) capture every batch"),
+        (BOTH, [UNIFORM], NONE, "cannot hold attention backend UNIFORM_DECODE_BACKEND, whose"),
+        (BOTH, [ALWAYS, PIECEWISE_ONLY], NONE, "backend PIECEWISE_ONLY_BACKEND, whose graph_s"),
+        (BOTH, [], FULL, "capture every batch instead"),  # a model without attention
+    ],
+)
+def test_nothing_split_means_no_piecewise_graphs_with_one_warning(
+    settled, requested, supports, expected, why
+):
+    config, records = settled(Graphs(), supports, graph_mode=requested, splitting_ops=[])
+    assert config.graph_mode == expected
+    (record,) = records
+    assert record.levelno == logging.WARNING
+    message = record.getMessage()
+    assert message.startswith(f"graph_mode={requested.name} turned to {expected.name}: ")
+    assert "splitting_ops is []" in message and re.search(why, message), message
+
+
+@pytest.mark.parametrize("requested", [NONE, FULL])
+def test_nothing_split_keeps_modes_without_pieces_silently(settled, requested):
+    config, records = settled(Graphs(), [ALWAYS], graph_mode=requested, splitting_ops=[])
+    assert config.graph_mode == requested and records == []
+
+
+@pytest.mark.parametrize(
+    "supports, mode", [([ALWAYS], FULL), ([UNIFORM], NONE), ([PIECEWISE_ONLY], NONE)]
+)
+def test_the_default_without_a_split_is_full_where_attention_allows_it(settled, supports, mode):
+    config, records = settled(Graphs(), supports, splitting_ops=[])
+    assert config.graph_mode == mode
+    (record,) = records
+    assert record.levelno == logging.INFO
+    assert record.getMessage().startswith(f"graph_mode {mode.name} by default: splitting_ops is []")
+
+
+def test_inductor_partition_without_splitting_ops_splits_nothing_either(settled):
+    config, _ = settled(
+        Graphs(),
+        [UNIFORM],
+        graph_mode=PIECEWISE,
+        splitting_ops=[],
+        backend="inductor",
+        use_inductor_graph_partition=True,
+    )
+    assert config.graph_mode == NONE
+
+
+@pytest.mark.parametrize("level", [0, 1, 2])
+def test_levels_below_three_keep_their_split_rules_out_of_it(level):
+    """Only level 3 splits; below it splitting_ops=[] changes nothing (and FULL at level 2
+    is the whole traced model's graph)."""
+    config = CompilationConfig(level=level, splitting_ops=[], graph_mode=NONE)
+    settle_graph_mode(config, Graphs(), [backend(ALWAYS)])
+    assert config.graph_mode == NONE
+    if level == 2:
+        config = CompilationConfig(level=2, splitting_ops=[], graph_mode=FULL)
+        settle_graph_mode(config, Graphs(), [backend(ALWAYS)])
+        assert config.graph_mode == FULL
+
+
+@pytest.mark.parametrize(
+    "level, mode, fix",
+    [
+        (
+            0,
+            FULL,
+            "level 2 or 3, but level is 0 \\(NO_COMPILATION\\); set level=3 or graph_mode=NONE",
+        ),
+        (0, PIECEWISE, "need level 3 \\(PIECEWISE\\), but level is 0 .*graph_mode=NONE"),
+        (
+            1,
+            FULL,
+            "need level 2 or 3, but level is 1 \\(DYNAMO_AS_IS\\); set level=3 or graph_mode=NONE",
+        ),
+        (1, BOTH, "need level 3 \\(PIECEWISE\\), but level is 1"),
+        (2, PIECEWISE, "level is 2 \\(DYNAMO_ONCE\\); set level=3 or graph_mode=FULL or NONE"),
+        (2, BOTH, "level is 2 \\(DYNAMO_ONCE\\); set level=3 or graph_mode=FULL or NONE"),
+    ],
+)
+def test_a_graph_mode_the_level_cannot_capture_is_one_config_error(level, mode, fix):
+    config = CompilationConfig(level=level, graph_mode=mode)
+    with pytest.raises(
+        ConfigError, match=f"^compilation config key 'graph_mode': {mode.name} .*{fix}"
+    ):
+        check_graph_mode_level(config)
+    with pytest.raises(ConfigError, match=fix):
+        settle_graph_mode(config, Graphs(), [backend(ALWAYS)])
+
+
+@pytest.mark.parametrize(
+    "level, mode", [(0, NONE), (1, NONE), (2, FULL), (3, PIECEWISE), (3, BOTH)]
+)
+def test_graph_modes_each_level_captures_pass(level, mode):
+    check_graph_mode_level(CompilationConfig(level=level, graph_mode=mode))
+    check_graph_mode_level(CompilationConfig(level=level))
+
+
+@pytest.mark.parametrize(
+    "sizes, setting",
+    [
+        ({"capture_sizes": []}, "capture_sizes=\\[\\], max_capture_size=0"),
+        ({"max_capture_size": 0}, "capture_sizes=\\[\\], max_capture_size=0"),
+        ({"capture_sizes": [], "max_capture_size": 64}, "capture_sizes=\\[\\]"),
+    ],
+)
+@pytest.mark.parametrize("mode", [PIECEWISE, FULL, BOTH])
+def test_an_explicit_graph_mode_with_nothing_to_capture_is_refused(settled, sizes, setting, mode):
+    with pytest.raises(
+        ConfigError, match=f"'capture_sizes': graph_mode {mode.name} .*none \\({setting}\\); give"
+    ):
+        settled(Graphs(), [ALWAYS], graph_mode=mode, **sizes)
+
+
+@pytest.mark.parametrize("sizes", [{"capture_sizes": []}, {"max_capture_size": 0}])
+def test_the_default_with_nothing_to_capture_is_none_and_says_why(settled, sizes):
+    config, records = settled(Graphs(), [ALWAYS], **sizes)
+    assert config.graph_mode == NONE
+    (record,) = records
+    assert record.getMessage().startswith(
+        "graph_mode NONE by default: there is nothing to capture ("
+    )
+
+
+def test_nothing_to_capture_is_no_error_where_nothing_would_be_captured(settled):
+    config, records = settled(NoGraphs(), [ALWAYS], graph_mode=PIECEWISE, capture_sizes=[])
+    assert config.graph_mode == NONE
+    assert [r.levelno for r in records] == [logging.WARNING]  # no GraphAPI, said once
+    assert settled(Graphs(), [ALWAYS], graph_mode=NONE, capture_sizes=[])[0].graph_mode == NONE
+
+
+def test_a_model_that_runs_uncompiled_captures_nothing():
+    config = CompilationConfig(level=3, graph_mode=BOTH)
+    settle_graph_mode(config, Graphs(), [backend(ALWAYS)], compiled=False)
+    assert config.graph_mode == NONE
+
+
+@pytest.mark.parametrize(
+    "fields, unreached",
+    [
+        (
+            {"graph_mode": PIECEWISE, "capture_sizes": [1, 2, 4, 8], "compile_sizes": [3, 4, 8, 9]},
+            [3],
+        ),
+        ({"graph_mode": BOTH, "capture_sizes": [2, 8], "compile_sizes": [1, 5, 16]}, [1, 5]),
+        ({"graph_mode": NONE, "capture_sizes": [2, 8], "compile_sizes": [1, 5]}, []),
+    ],
+)
+def test_compile_sizes_padding_never_reaches(fields, unreached):
+    assert sizes_padding_never_reaches(CompilationConfig(level=3, **fields)) == unreached
+
+
+def test_each_graph_mode_change_is_logged_once_through_prepare_config(caplog):
+    """The rule's warning is the one record of the change: the platform-change log of
+    prepare_config does not repeat it."""
+    config = CompilationConfig(level=3, graph_mode=PIECEWISE, splitting_ops=[])
+    with caplog.at_level(logging.DEBUG, logger="slotwise"):
+        adapted = prepare_config(config, SelectsBackend(ALWAYS))
+    assert adapted.graph_mode == NONE
+    about_mode = [r for r in caplog.records if "graph_mode" in r.getMessage()]
+    assert len(about_mode) == 1 and about_mode[0].levelno == logging.WARNING

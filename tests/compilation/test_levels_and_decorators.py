@@ -12,6 +12,7 @@ from torch import nn
 import slotwise
 from slotwise.compilation import (
     CompilationConfig,
+    ConfigError,
     compiled_forward_of,
     counters,
     ignore_torch_compile,
@@ -300,13 +301,52 @@ def test_cpu_turns_a_requested_graph_mode_off_with_one_warning(caplog):
     with caplog.at_level(logging.INFO, logger="slotwise"):
         model = SillyModel(compilation_config=eager_config(graph_mode="PIECEWISE"))
     assert compiled_forward_of(model).config.graph_mode.name == "NONE"
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "graph_mode=PIECEWISE turned to NONE" in warnings[0].message
-    assert any("graph_mode: 'PIECEWISE' -> 'NONE'" in r.getMessage() for r in caplog.records)
+    about_mode = [r for r in caplog.records if "graph_mode" in r.getMessage()]
+    assert len(about_mode) == 1 and about_mode[0].levelno == logging.WARNING
+    assert about_mode[0].getMessage().startswith("graph_mode=PIECEWISE turned to NONE: platform")
 
 
 def test_graph_mode_contradicting_the_level_is_a_config_error():
-    from slotwise.compilation import ConfigError
-
     with pytest.raises(ConfigError, match="level=3"):
         SillyModel(compilation_config=eager_config(level=2, graph_mode="PIECEWISE"))
+
+
+@pytest.mark.parametrize("level", [0, 1])
+@pytest.mark.parametrize("mode", ["FULL", "PIECEWISE", "FULL_AND_PIECEWISE"])
+def test_graph_modes_below_level_two_are_refused_whichever_way_a_model_is_compiled(level, mode):
+    """Level 0 runs the module's own forward and level 1 is plain torch.compile: neither
+    has graphs to capture, so a graph mode there is an error naming what to set, not a
+    setting ignored."""
+
+    class Plain(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    config = eager_config(level=level, graph_mode=mode)
+    fix = f"but level is {level} .*; set level=3 or graph_mode=NONE"
+    with pytest.raises(ConfigError, match=f"'graph_mode': {mode} graphs .*{fix}"):
+        SillyModel(compilation_config=config)
+    with pytest.raises(ConfigError, match=fix):
+        slotwise.compile(Plain(), config)
+    SillyModel(compilation_config=eager_config(level=level, graph_mode="NONE"))
+
+
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_torch_compile_disable_runs_every_level_eagerly_with_one_warning(level, caplog):
+    """As torch.compile itself does under TORCH_COMPILE_DISABLE=1 (Dynamo's config.disable
+    is where torch keeps that variable): no trace, no compile, no graph, the same result."""
+    import torch._dynamo.config
+
+    with torch._dynamo.config.patch(disable=True):
+        with caplog.at_level(logging.INFO, logger="slotwise"):
+            model, reference = twin(SillyModel, eager_config(level=level, compile_sizes=[3]))
+        config = compiled_forward_of(model).config
+        assert config.level == level and config.graph_mode.name == "NONE"
+        (warning,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        expected = f"runs eagerly instead of at compilation level {level}"
+        assert warning.getMessage().startswith(f"TORCH_COMPILE_DISABLE=1: SillyModel {expected}")
+        before = counters.snapshot()
+        for size in (3, 5):
+            x = torch.randn(size, 8)
+            torch.testing.assert_close(model(x), reference(x))
+        assert counters.snapshot() == before

@@ -30,11 +30,13 @@ def run_cli(
     *pytest_args: str,
     site: Path | None = None,
     require_all: bool = False,
+    time_limit: str | None = None,
     **env: str,
 ) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
-    """``slotwise conformance PLATFORM --json [--require-all] -- PYTEST_ARGS``: its JSON
-    summary and process."""
+    """``slotwise conformance PLATFORM --json [--require-all] [--timeout S] --
+    PYTEST_ARGS``: its JSON summary and process."""
     flags = ["--json", *(["--require-all"] if require_all else [])]
+    flags += ["--timeout", time_limit] if time_limit is not None else []
     result = subprocess.run(
         [sys.executable, "-m", "slotwise", "conformance", platform, *flags, "--", *pytest_args],
         env=environment(site, **env),

@@ -67,7 +67,7 @@ def test_a_registration_hook_that_raises_fails_loading_with_its_message(dists, s
 
 
 def test_a_registration_for_a_misspelt_platform_fails_loading(dists):
-    problem = run_plugin(dists, 'registry.register("rms_norm", "typo_opz", rms_norm)')
+    problem = run_plugin(dists, 'registry.register("typo_opz", "rms_norm", rms_norm)')
     assert "a replacement for custom op 'rms_norm' for platform 'typo_opz'" in problem
     assert "which no installed plugin declares" in problem
     assert "did you mean 'typo_ops'?" in problem

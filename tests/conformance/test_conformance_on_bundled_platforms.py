@@ -22,6 +22,7 @@ CPU_OUTCOMES = {
     "loading": "passed",
     "interface": "passed",
     "probe": "passed",
+    "device": "passed",
     "attention": "passed",
     "custom_ops": "passed",
     "compile": "passed",

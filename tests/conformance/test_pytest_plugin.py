@@ -108,3 +108,28 @@ def test_a_check_not_run_is_named_and_fails_the_session_only_under_require_all(t
     assert "1 check not run: communicator" in result.stdout
     assert "--slotwise-require-all: the run fails" in result.stdout
     assert json.loads(report.read_text())["exit_status"] == 1
+
+
+def test_a_time_limit_that_is_not_a_number_of_seconds_is_refused_before_any_test(
+    tmp_path: Path,
+):
+    result = pytest_in(
+        tmp_path, "--slotwise-conformance", "--slotwise-platform=cpu", "--slotwise-timeout=-1"
+    )
+    assert result.returncode == 4
+    assert "--slotwise-timeout=-1: expected a number of seconds >= 0 (0: no limit)" in (
+        result.stderr
+    )
+    for where in (["cpu", "--timeout", "soon"], ["--timeout", "soon", "cpu"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "slotwise", "conformance", *where],
+            env=environment(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 2
+        assert "argument --timeout: expected 0 or a number in (0, 86400], got 'soon'" in (
+            result.stderr
+        )
+        assert result.stdout == ""

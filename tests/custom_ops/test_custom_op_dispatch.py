@@ -253,7 +253,7 @@ def test_registered_replacement_wins_over_the_platform_method(cpu_platform, regi
         seen.append((layer, residual))
         return layer.forward_native(x, residual)
 
-    registry.register("rms_norm", "cpu", replacement)
+    registry.register("cpu", "rms_norm", replacement)
     with set_compilation_config(CompilationConfig(backend="eager")):
         norm = RMSNorm(8)
         act = SiluAndMul()
@@ -265,13 +265,13 @@ def test_registered_replacement_wins_over_the_platform_method(cpu_platform, regi
 
 
 def test_replacement_for_another_platform_is_not_used(cpu_platform, registry):
-    registry.register("rms_norm", "cuda", lambda layer, x, residual=None: x)
+    registry.register("cuda", "rms_norm", lambda layer, x, residual=None: x)
     with set_compilation_config(CompilationConfig(backend="eager")):
         assert RMSNorm(8).implementation == "cpu"
 
 
 def test_custom_ops_setting_turns_a_replacement_off(cpu_platform, registry):
-    registry.register("rms_norm", "cpu", lambda layer, x, residual=None: x)
+    registry.register("cpu", "rms_norm", lambda layer, x, residual=None: x)
     with set_compilation_config(CompilationConfig(backend="eager", custom_ops=["-rms_norm"])):
         assert RMSNorm(8).implementation == "native"
     with set_compilation_config(CompilationConfig(level=3, backend="inductor")):
@@ -280,7 +280,7 @@ def test_custom_ops_setting_turns_a_replacement_off(cpu_platform, registry):
 
 def test_registering_an_unknown_op_names_the_known_ones():
     with pytest.raises(CustomOpError) as info:
-        CustomOpRegistry().register("rms_nrom", "cpu", lambda layer, x: x)
+        CustomOpRegistry().register("cpu", "rms_nrom", lambda layer, x: x)
     message = str(info.value)
     assert "'rms_nrom'" in message
     for name in ("rms_norm", "rotary_embedding", "silu_and_mul"):

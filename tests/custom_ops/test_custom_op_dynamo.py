@@ -64,7 +64,7 @@ def _fresh_dynamo(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def build(custom_ops: list[str], monkeypatch: pytest.MonkeyPatch, replace: bool) -> Block:
     registry = CustomOpRegistry()
     if replace:
-        registry.register("rms_norm", "cpu", replacement_rms_norm)
+        registry.register("cpu", "rms_norm", replacement_rms_norm)
     monkeypatch.setattr(custom_op_module, "get_custom_op_registry", lambda: registry)
     config = CompilationConfig(backend="eager", custom_ops=custom_ops)
     with use_platform(CpuPlatform()), set_compilation_config(config):

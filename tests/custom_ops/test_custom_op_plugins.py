@@ -24,7 +24,7 @@ SEVENS_PLUGIN = """
 
     @hookimpl
     def slotwise_register_custom_ops(registry):
-        registry.register("rms_norm", "cpu", sevens)
+        registry.register("cpu", "rms_norm", sevens)
 """
 
 #: Prints, as JSON, what RMSNorm(8) runs on the cpu platform and what it returns.
@@ -118,7 +118,7 @@ TYPO_PLUGIN = """
 
     @hookimpl
     def slotwise_register_custom_ops(registry):
-        registry.register("rms_nrom", "cpu", lambda layer, x, residual=None: x)
+        registry.register("cpu", "rms_nrom", lambda layer, x, residual=None: x)
 """
 
 REPORT = """
@@ -167,8 +167,8 @@ def test_a_failed_plugin_leaves_no_replacement_behind(dists):
 
         @hookimpl
         def slotwise_register_custom_ops(registry):
-            registry.register("rms_norm", "cpu", lambda layer, x, residual=None: x * 0 + 7)
-            registry.register("rms_nrom", "cpu", lambda layer, x, residual=None: x)
+            registry.register("cpu", "rms_norm", lambda layer, x, residual=None: x * 0 + 7)
+            registry.register("cpu", "rms_nrom", lambda layer, x, residual=None: x)
         """,
     )
     result = dists.run(
@@ -185,8 +185,8 @@ LAZY_PLUGIN = """
 
     @hookimpl
     def slotwise_register_custom_ops(registry):
-        registry.register("rms_norm", "cpu", "slotwise_lazy_impl:rms_norm")
-        registry.register("silu_and_mul", "cuda", "slotwise_lazy_never:silu_and_mul")
+        registry.register("cpu", "rms_norm", "slotwise_lazy_impl:rms_norm")
+        registry.register("cuda", "silu_and_mul", "slotwise_lazy_never:silu_and_mul")
 """
 
 LAZY_IMPL = """

@@ -3,7 +3,7 @@
 Without processes, rank 0 and rank 1 of a size-2 group are built in turn (the
 parallel layers' rank and size patched) and the bytes each reads are counted.
 Under torchrun (slow), two real ranks load the checkpoint, count the bytes they
-read through a wrapped ``safe_open``, and generate the single process's tokens.
+read through wrapped checkpoint tensors, and generate the single process's tokens.
 """
 
 from __future__ import annotations

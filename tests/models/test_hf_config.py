@@ -3,6 +3,7 @@ RoPE scaling against transformers' own frequencies, and a lazy package import.""
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import subprocess
@@ -12,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from slotwise.layers.rotary_embedding import RopeScaling
-from slotwise.models import supported_architectures
+from slotwise.layers.rotary_embedding import RopeScaling, RotaryEmbedding
+from slotwise.models import CheckpointError, supported_architectures
 from slotwise.models.hf_config import HFConfig
 from slotwise.models.llama import LlamaForCausalLM
 from slotwise.models.mistral import MistralForCausalLM
@@ -70,10 +71,37 @@ def test_token_ids_and_explicit_fields():
 
 
 def test_each_architecture_sets_its_own_features():
-    assert Qwen2ForCausalLM.config_from_hf(hf()).qkv_bias
-    assert not Qwen2ForCausalLM.config_from_hf(hf()).o_proj_bias
-    qwen3 = Qwen3ForCausalLM.config_from_hf(hf(head_dim=32))
+    assert Qwen2ForCausalLM.config_from_hf(hf(num_key_value_heads=2)).qkv_bias
+    assert not Qwen2ForCausalLM.config_from_hf(hf(num_key_value_heads=2)).o_proj_bias
+    qwen3 = Qwen3ForCausalLM.config_from_hf(hf(head_dim=32, num_key_value_heads=2))
     assert qwen3.qk_norm and qwen3.head_size == 32 and not qwen3.qkv_bias
+    biased = hf(attention_bias=True, mlp_bias=True, num_key_value_heads=2)
+    mistral = MistralForCausalLM.config_from_hf(biased)  # its model has no bias at all
+    assert not (mistral.qkv_bias or mistral.o_proj_bias or mistral.mlp_bias)
+
+
+@pytest.mark.parametrize(
+    "cls, head_size, num_kv_heads",
+    [
+        (LlamaForCausalLM, 8, 32),
+        (MistralForCausalLM, 8, 8),
+        (Qwen2ForCausalLM, 8, 32),
+        (Qwen3ForCausalLM, 128, 32),
+    ],
+)
+def test_each_family_fills_absent_keys_with_its_transformers_defaults(cls, head_size, num_kv_heads):
+    transformers = pytest.importorskip("transformers")
+    fields = {**BASE, "hidden_size": 256, "num_attention_heads": 32}
+    config = cls.config_from_hf(HFConfig(fields, Path("ckpt/config.json")))
+    assert (config.head_size, config.num_kv_heads) == (head_size, num_kv_heads)
+    name = cls.__name__.replace("ForCausalLM", "Config")
+    reference = getattr(transformers, name)(
+        **{k: v for k, v in fields.items() if k != "architectures"}
+    )
+    # Qwen2Config has no head_dim: its model divides hidden_size by the heads
+    derived = fields["hidden_size"] // fields["num_attention_heads"]
+    assert getattr(reference, "head_dim", derived) == head_size
+    assert reference.num_key_value_heads == num_kv_heads
 
 
 def test_the_registry_picks_the_first_supported_architecture():
@@ -88,22 +116,135 @@ def test_the_registry_picks_the_first_supported_architecture():
 
 
 @pytest.mark.parametrize(
-    "fields, max_position",
+    "cls, fields, max_position",
     [
-        ({"sliding_window": 1024}, 1024),  # Mistral: every layer slides
-        ({"sliding_window": 8192}, 4096),  # a window longer than the model changes nothing
-        ({"sliding_window": 1024, "use_sliding_window": False}, 4096),  # Qwen: off
-        ({"sliding_window": 1024, "use_sliding_window": True, "max_window_layers": 2}, 4096),
-        ({"sliding_window": 1024, "use_sliding_window": True, "max_window_layers": 1}, 1024),
-        ({"sliding_window": 1024, "layer_types": ["full_attention"] * 2}, 4096),
-        ({"sliding_window": 1024, "layer_types": ["full_attention", "sliding_attention"]}, 1024),
+        (MistralForCausalLM, {"sliding_window": 1024}, 1024),  # every layer slides
+        (MistralForCausalLM, {"sliding_window": 8192}, 4096),  # longer than the model
+        (MistralForCausalLM, {}, 4096),  # absent: transformers' 4096
+        (MistralForCausalLM, {"max_position_embeddings": 8192}, 4096),
+        (MistralForCausalLM, {"sliding_window": None, "max_position_embeddings": 8192}, 8192),
+        # Mistral's model ignores use_sliding_window and max_window_layers
+        (MistralForCausalLM, {"sliding_window": 1024, "use_sliding_window": False}, 1024),
+        (MistralForCausalLM, {"sliding_window": 1024, "max_window_layers": 2}, 1024),
+        # with layer_types, transformers reads a Mistral config as Ministral's
+        (MistralForCausalLM, {"head_dim": 16, "layer_types": ["full_attention"] * 2}, 4096),
+        (
+            MistralForCausalLM,
+            {"head_dim": 16, "sliding_window": 1024, "layer_types": ["full_attention"] * 2},
+            4096,
+        ),
+        (MistralForCausalLM, {"head_dim": 16, "layer_types": ["sliding_attention"] * 2}, 4096),
+        (
+            MistralForCausalLM,
+            {
+                "head_dim": 16,
+                "max_position_embeddings": 8192,
+                "layer_types": ["sliding_attention"] * 2,
+            },
+            4096,
+        ),
+        (Qwen2ForCausalLM, {"sliding_window": 1024}, 4096),  # use_sliding_window: false
+        (Qwen2ForCausalLM, {"sliding_window": 1024, "use_sliding_window": False}, 4096),
+        # max_window_layers defaults to 28: both layers full
+        (Qwen2ForCausalLM, {"sliding_window": 1024, "use_sliding_window": True}, 4096),
+        (
+            Qwen2ForCausalLM,
+            {"sliding_window": 1024, "use_sliding_window": True, "max_window_layers": 2},
+            4096,
+        ),
+        (
+            Qwen2ForCausalLM,
+            {"sliding_window": 1024, "use_sliding_window": True, "max_window_layers": 1},
+            1024,
+        ),
+        (
+            Qwen2ForCausalLM,
+            {"use_sliding_window": True, "max_window_layers": 1, "max_position_embeddings": 8192},
+            4096,
+        ),
+        (
+            Qwen2ForCausalLM,
+            {
+                "sliding_window": 1024,
+                "use_sliding_window": True,
+                "layer_types": ["full_attention"] * 2,
+                "max_window_layers": 0,
+            },
+            4096,
+        ),
+        (
+            Qwen2ForCausalLM,
+            {
+                "sliding_window": 1024,
+                "use_sliding_window": True,
+                "layer_types": ["full_attention", "sliding_attention"],
+            },
+            1024,
+        ),
+        (
+            Qwen3ForCausalLM,
+            {"sliding_window": 1024, "use_sliding_window": True, "max_window_layers": 0},
+            1024,
+        ),
+        # Llama's model has no window, but transformers' KV cache keeps only the window
+        # of the layers layer_types marks sliding (all where absent) when decoding
+        (LlamaForCausalLM, {"sliding_window": 1024}, 1024),
+        (LlamaForCausalLM, {"sliding_window": 1024, "use_sliding_window": False}, 1024),
+        (LlamaForCausalLM, {"sliding_window": 1024, "layer_types": ["full_attention"] * 2}, 4096),
+        (LlamaForCausalLM, {"use_sliding_window": True, "max_window_layers": 0}, 4096),
     ],
 )
-def test_a_sliding_window_caps_the_request_length(fields, max_position, caplog):
+def test_a_sliding_window_caps_the_request_length(cls, fields, max_position, caplog):
     with caplog.at_level(logging.WARNING, logger="slotwise"):
-        config = MistralForCausalLM.config_from_hf(hf(**fields))
+        config = cls.config_from_hf(hf(num_key_value_heads=2, **fields))
     assert config.max_position == max_position
-    assert ("sliding window of 1024 tokens" in caplog.text) == (max_position == 1024)
+    declared = fields.get("max_position_embeddings", BASE["max_position_embeddings"])
+    assert ("sliding window of" in caplog.text) == (max_position < declared)
+
+
+@pytest.mark.parametrize(
+    "cls, fields, cause",
+    [
+        (
+            Qwen2ForCausalLM,
+            {"sliding_window": 1024, "layer_types": ["sliding_attention", "full_attention"]},
+            "but use_sliding_window is not true, so transformers has no window for them (and "
+            "fails); set use_sliding_window to true, or list only full_attention layers",
+        ),
+        (
+            Qwen3ForCausalLM,
+            {
+                "use_sliding_window": True,
+                "sliding_window": None,
+                "layer_types": ["sliding_attention"] * 2,
+            },
+            "but sliding_window is not set, so transformers has no window for them (and fails); "
+            "set sliding_window, or list only full_attention layers",
+        ),
+        (
+            LlamaForCausalLM,
+            {"layer_types": ["full_attention", "sliding_attention"]},
+            "but sliding_window is not set",
+        ),
+        (
+            MistralForCausalLM,
+            {"head_dim": 16, "sliding_window": None, "layer_types": ["sliding_attention"] * 2},
+            "but sliding_window is not set",
+        ),
+    ],
+)
+def test_sliding_layers_without_a_window_are_refused(cls, fields, cause):
+    with pytest.raises(CheckpointError) as info:
+        cls.config_from_hf(hf(num_key_value_heads=2, **fields))
+    message = str(info.value)
+    assert message.startswith("ckpt/config.json: layer_types lists sliding_attention layers")
+    assert cause in message
+
+
+def test_a_mistral_config_with_layer_types_needs_head_dim():
+    """transformers reads it as Ministral's, whose model fails without head_dim."""
+    with pytest.raises(CheckpointError, match="set head_dim, or remove layer_types"):
+        MistralForCausalLM.config_from_hf(hf(layer_types=["full_attention"] * 2))
 
 
 @pytest.mark.parametrize(
@@ -150,6 +291,64 @@ def test_rope_scaling_gives_transformers_frequencies(rope_parameters):
         scaling.inv_freq(rope_parameters["rope_theta"], 16), expected, rtol=1e-6, atol=0
     )
     assert scaling.attention_factor == pytest.approx(attention_factor, rel=1e-12)
+
+
+LLAMA3_16 = {
+    "rope_type": "llama3",
+    "rope_theta": 5e4,
+    **LLAMA3,
+    "original_max_position_embeddings": 16,
+}
+YARN_16 = {
+    "rope_type": "yarn",
+    "rope_theta": 3e3,
+    "factor": 2.0,
+    "original_max_position_embeddings": 16,
+}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        # a non-empty rope_scaling replaces rope_parameters whole, rope_theta included
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}, "rope_scaling": YARN_16},
+        {"rope_parameters": LLAMA3_16, "rope_scaling": {"type": "linear", "factor": 4.0}},
+        {
+            "rope_parameters": LLAMA3_16,
+            "rope_scaling": {"type": "linear", "factor": 4.0},
+            "rope_theta": 1234.0,
+        },
+        {"rope_parameters": LLAMA3_16, "rope_scaling": {}},
+        # rope_theta inside the RoPE object wins over the top-level one
+        {
+            "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 77.0},
+            "rope_theta": 1e6,
+        },
+        {"rope_parameters": {"rope_type": "linear", "factor": 2.0}, "rope_theta": 1e6},
+        # rope_type wins over type
+        {"rope_parameters": {"type": "linear", "rope_type": "default", "factor": 3.0}},
+        # a top-level original_max_position_embeddings wins for llama3 and yarn
+        {"rope_parameters": LLAMA3_16, "original_max_position_embeddings": 64},
+        {"rope_scaling": YARN_16, "original_max_position_embeddings": 128},
+        {
+            "rope_parameters": {"rope_type": "linear", "factor": 2.0},
+            "original_max_position_embeddings": 8,
+        },
+    ],
+)
+def test_overlapping_rope_keys_give_transformers_angles(fields, caplog):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    plain = {k: v for k, v in BASE.items() if k != "architectures"}
+    reference = transformers.LlamaConfig.from_dict({**plain, **copy.deepcopy(fields)})
+    cos, sin = LlamaRotaryEmbedding(reference)(torch.zeros(1), torch.arange(64)[None])
+    with caplog.at_level(logging.WARNING, logger="slotwise"):
+        theta, scaling = hf(**fields).rope(BASE["max_position_embeddings"])
+    table = RotaryEmbedding(16, 64, theta, scaling=scaling).cos_sin_cache
+    torch.testing.assert_close(table, torch.cat([cos[0, :, :8], sin[0, :, :8]], dim=-1))
+    both = fields.get("rope_scaling") and fields.get("rope_parameters")
+    assert ("rope_scaling is used and rope_parameters ignored" in caplog.text) == bool(both)
 
 
 @pytest.mark.parametrize(

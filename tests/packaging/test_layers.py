@@ -2,8 +2,9 @@
 lower ones, function-local imports included (names imported for type hints only, under
 ``if TYPE_CHECKING:``, are not imports), each top-level package sits in one layer with
 no import cycle between packages, the core never imports the engine (the
-slotwise-engine distribution's modules, in engine/), and the bundled plugins import the
-core only through ``slotwise.plugin_api``. Read from the source, so a cycle cannot come
+slotwise-engine distribution's modules, in engine/), and the bundled plugins and the
+plugin ``slotwise new-plugin`` writes import the core only through
+``slotwise.plugin_api``, for type hints too. Read from the source, so a cycle cannot come
 back."""
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import ast
 from pathlib import Path
 
 import pytest
+
+from slotwise.cli.new_plugin_command import render
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "core" / "slotwise"
@@ -66,10 +69,16 @@ def source_files(root: Path) -> list[Path]:
     return sorted(root.rglob("*.py"))
 
 
-def imported_modules(path: Path) -> list[tuple[int, str]]:
-    """(line, module) for every slotwise import in ``path``, wherever it sits."""
+def imported_modules(path: Path, *, type_hints: bool = False) -> list[tuple[int, str]]:
+    """(line, module) for every slotwise import in ``path``, wherever it sits; those under
+    ``if TYPE_CHECKING:`` too with ``type_hints``."""
+    return imported_from_source(path.read_text(encoding="utf-8"), type_hints=type_hints)
+
+
+def imported_from_source(source: str, *, type_hints: bool = False) -> list[tuple[int, str]]:
+    tree = ast.parse(source)
     found = []
-    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(tree) if type_hints else _runtime_nodes(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             for alias in node.names:
                 # "from slotwise.x import y" imports the module x.y when there is one.
@@ -211,13 +220,32 @@ def test_the_runner_modules_do_not_import_each_other():
     assert not cycles, f"runner modules importing each other: {cycles}"
 
 
+def plugin_api_violations(files: dict[str, str]) -> list[str]:
+    """``path:line: imports module`` for each import of slotwise from outside
+    ``slotwise.plugin_api`` in ``files`` (path -> source), type hints included: a plugin
+    that names anything else breaks when the core moves it."""
+    return [
+        f"{path}:{line}: imports {imported}"
+        for path, source in sorted(files.items())
+        for line, imported in imported_from_source(source, type_hints=True)
+        if imported != "slotwise.plugin_api"
+    ]
+
+
 @pytest.mark.parametrize("package", PLUGINS, ids=lambda path: path.name)
 def test_bundled_plugins_import_the_core_only_through_the_plugin_api(package):
-    allowed = {"slotwise.plugin_api"}
-    violations = [
-        f"{path.relative_to(ROOT)}:{line}: imports {imported}"
-        for path in sorted(package.rglob("*.py"))
-        for line, imported in imported_modules(path)
-        if imported not in allowed
-    ]
+    files = {
+        str(path.relative_to(ROOT)): path.read_text(encoding="utf-8")
+        for path in package.rglob("*.py")
+    }
+    violations = plugin_api_violations(files)
+    assert not violations, "use `from slotwise.plugin_api import ...`:\n" + "\n".join(violations)
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["no_graphs", "graphs"])
+def test_a_new_plugin_imports_the_core_only_through_the_plugin_api(graphs):
+    files = {path: text for path, text in render("acme", graphs).items() if path.endswith(".py")}
+    package = {path: text for path, text in files.items() if path.startswith("slotwise_acme/")}
+    assert "slotwise_acme/plugin.py" in package
+    violations = plugin_api_violations(package)
     assert not violations, "use `from slotwise.plugin_api import ...`:\n" + "\n".join(violations)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,9 @@ TWO_PLUGINS = """
 """
 
 
-def slotwise_env(dists: Distributions, home: Path, *later_folders: Path) -> dict[str, Any]:
+def run_env(
+    dists: Distributions, home: Path, *later_folders: Path
+) -> subprocess.CompletedProcess[str]:
     """``slotwise env --json`` in a fresh interpreter seeing ``dists``, then ``later_folders``."""
     home.mkdir(exist_ok=True)
     paths = [*map(str, later_folders), os.environ.get("PYTHONPATH", "")]
@@ -54,7 +57,12 @@ def slotwise_env(dists: Distributions, home: Path, *later_folders: Path) -> dict
         PYTHONPATH=os.pathsep.join(path for path in paths if path),
     )
     assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    return result
+
+
+def slotwise_env(dists: Distributions, home: Path, *later_folders: Path) -> dict[str, Any]:
+    """What ``run_env`` printed, parsed."""
+    return json.loads(run_env(dists, home, *later_folders).stdout)
 
 
 def plugin_rows(info: dict[str, Any], name: str) -> list[dict[str, Any]]:
@@ -98,13 +106,28 @@ def test_a_distribution_twice_on_sys_path_is_the_first_one(dists, tmp_path):
     assert (row["distribution"], row["version"], row["status"]) == ("t-twin", "1.0", "loaded")
 
 
-def test_of_two_distributions_declaring_one_plugin_name_the_first_is_loaded(dists, tmp_path):
+def test_of_two_distributions_declaring_one_plugin_name_the_first_is_loaded_with_a_warning(
+    dists, tmp_path
+):
     dists.add("t-dup-first", "", entry_point="t_dup", version="1.0")
     later = Distributions(tmp_path / "later")
     later.root.mkdir()
-    later.add("t-dup-second", "raise ImportError('must not be imported')", entry_point="t_dup")
-    (row,) = plugin_rows(slotwise_env(dists, tmp_path / "home", later.root), "t_dup")
+    later.add(
+        "t-dup-second",
+        "raise ImportError('must not be imported')",
+        entry_point="t_dup",
+        version="2.0",
+    )
+    result = run_env(dists, tmp_path / "home", later.root)
+    (row,) = plugin_rows(json.loads(result.stdout), "t_dup")
     assert (row["distribution"], row["status"]) == ("t-dup-first", "loaded")
+    (warning,) = [line for line in result.stderr.splitlines() if "t_dup" in line]
+    assert warning == (
+        "WARNING slotwise: plugin 't_dup' (distribution t-dup-first 1.0) shares its name with "
+        "the plugin of distribution t-dup-second 2.0 ('t_dup_second'), which slotwise "
+        "therefore does not load; uninstall one of the two distributions, or rename one's "
+        "entry point"
+    )
 
 
 def test_a_malformed_entry_point_value_fails_that_plugin_naming_the_value_and_fix(dists, tmp_path):

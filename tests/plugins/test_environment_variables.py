@@ -44,7 +44,26 @@ def test_logging_level_any_case(monkeypatch):
         envs.logging_level()
 
 
-def test_validate_all_checks_the_probe_timeout(monkeypatch):
-    monkeypatch.setenv("SLOTWISE_PROBE_TIMEOUT", "0")
-    with pytest.raises(EnvironmentVariableError, match="SLOTWISE_PROBE_TIMEOUT='0'"):
+@pytest.mark.parametrize("variable", ["SLOTWISE_PROBE_TIMEOUT", "SLOTWISE_PLUGIN_TIMEOUT"])
+def test_validate_all_checks_the_plugin_time_limits(monkeypatch, variable):
+    monkeypatch.setenv(variable, "0")
+    with pytest.raises(EnvironmentVariableError, match=f"{variable}='0'"):
         envs.validate_all()
+
+
+def test_plugin_timeout_default_value_and_bounds(monkeypatch):
+    monkeypatch.delenv("SLOTWISE_PLUGIN_TIMEOUT", raising=False)
+    assert envs.plugin_timeout() == 30
+    monkeypatch.setenv("SLOTWISE_PLUGIN_TIMEOUT", "0.25")
+    assert envs.plugin_timeout() == 0.25
+    monkeypatch.setenv("SLOTWISE_PLUGIN_TIMEOUT", "3601")
+    with pytest.raises(EnvironmentVariableError, match=r"<= 3600 \(default 30\)"):
+        envs.plugin_timeout()
+
+
+@pytest.mark.parametrize(("value", "expected"), [("", []), (" , ", []), ("a, b,", ["a", "b"])])
+def test_a_name_list_set_but_empty_names_nothing(monkeypatch, value, expected):
+    monkeypatch.setenv("SLOTWISE_PLUGINS", value)
+    assert envs.name_list("SLOTWISE_PLUGINS") == expected
+    monkeypatch.delenv("SLOTWISE_PLUGINS")
+    assert envs.name_list("SLOTWISE_PLUGINS") is None

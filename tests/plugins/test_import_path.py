@@ -112,7 +112,7 @@ def _load_backend(path: str) -> object:
 
 def _look_up_replacement(path: str) -> object:
     registry = CustomOpRegistry()
-    registry.register("rms_norm", "cpu", path)
+    registry.register("cpu", "rms_norm", path)
     return registry.lookup("rms_norm", "cpu")
 
 
@@ -126,7 +126,7 @@ def _make_compiler(path: str) -> object:
         (lambda path: PlatformSpec("vendor", path, lambda: True), ValueError, "platform_cls"),
         (lambda path: AttentionBackendRegistry().register("npu", path), ValueError, "'npu'"),
         (
-            lambda path: CustomOpRegistry().register("rms_norm", "cpu", path),
+            lambda path: CustomOpRegistry().register("cpu", "rms_norm", path),
             CustomOpError,
             "replacement for custom op 'rms_norm'",
         ),

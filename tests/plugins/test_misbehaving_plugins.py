@@ -1,4 +1,5 @@
-"""Plugins that hang, interrupt, print or change the environment, through real entry points."""
+"""Plugins that hang, interrupt, exit, print or change the environment, through real entry
+points."""
 
 from __future__ import annotations
 
@@ -85,9 +86,9 @@ def interrupt_once():
 """
 
 
-@pytest.mark.parametrize("exc", ["KeyboardInterrupt", "SystemExit"])
 @pytest.mark.parametrize("where", ["hook", "probe"])
-def test_interrupt_propagates_is_named_and_is_not_remembered(dists, exc, where):
+def test_ctrl_c_propagates_is_named_and_is_not_remembered(dists, where):
+    exc = "KeyboardInterrupt"
     code = {"at_import": INTERRUPT_ONCE.format(exc=exc).replace("\n", "\n        ")}
     if where == "hook":
         code["in_hook"] = "interrupt_once()"
@@ -108,6 +109,23 @@ def test_interrupt_propagates_is_named_and_is_not_remembered(dists, exc, where):
     )
     assert result.stdout.split() == [exc, "cpu"], result.stderr
     assert "slotwise-vendor" in result.stderr and f"interrupted by {exc}" in result.stderr
+
+
+@pytest.mark.parametrize("where", ["hook", "probe"])
+def test_sys_exit_in_a_hook_or_probe_fails_the_plugin_not_the_process(dists, where):
+    code = {"in_hook": "sys.exit(3)"} if where == "hook" else {"probe": "sys.exit(3)"}
+    dists.add("slotwise-vendor", vendor_plugin(**code))
+    result = dists.run(RESOLVE + REPORT)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "cpu"
+    status, reason = json.loads(lines[1])["slotwise_vendor" if where == "hook" else "vendor"]
+    assert status == "failed"
+    assert "called sys.exit(3), which would end the process" in reason
+    (warning,) = [line for line in result.stderr.splitlines() if "sys.exit(3)" in line]
+    assert "slotwise-vendor 1.0" in warning and ("hook slotwise_platforms" in warning) == (
+        where == "hook"
+    )
 
 
 PRINTING = {

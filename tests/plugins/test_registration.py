@@ -89,7 +89,7 @@ def test_a_registration_for_an_undeclared_platform_is_warned_about_and_kept(dist
         dists,
         ["acme"],
         attention='registry.register("acmee", "slotwise_cpu.attention:CpuSdpaBackend")',
-        ops='registry.register("rms_norm", "cpu", rms_norm)',  # another plugin's platform
+        ops='registry.register("cpu", "rms_norm", rms_norm)',  # another plugin's platform
     )
     assert report["status"] == "loaded"
     (warning,) = report["warnings"]

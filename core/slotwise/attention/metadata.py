@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from slotwise.attention.kv_cache import compute_slot_mapping, num_blocks_for
+from slotwise.platforms import current_platform
 
 
 @dataclass
@@ -87,9 +88,11 @@ class BatchSplit:
 class AttentionMetadataBuilder:
     """Builds ``AttentionMetadata``; backends needing more fields subclass it."""
 
-    def __init__(self, block_size: int, device: torch.device | str = "cpu") -> None:
+    def __init__(self, block_size: int, device: torch.device | str | None = None) -> None:
+        """``device``: where the metadata's tensors go, default the current platform's
+        (where ``allocate_kv_caches`` puts the caches the metadata indexes)."""
         self.block_size = block_size
-        self.device = torch.device(device)
+        self.device = torch.device(device or current_platform.device_type)
 
     def build(
         self,

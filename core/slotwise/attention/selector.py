@@ -4,7 +4,8 @@ Rules, in order:
 0. A platform that makes the choice itself (``Platform.get_attention_backend_cls``
    returns a class) is followed.
 1. A backend named by the caller or by ``SLOTWISE_ATTENTION_BACKEND`` is used, or an
-   error says why not (unknown name: the known ones; does not fit: its reasons).
+   error says why not (unknown name: an UnknownAttentionBackendError listing the known
+   names; does not fit: its reasons).
 2. Otherwise the platform's backends in priority order; the first whose
    ``validate`` finds no problem wins.
 3. None fits: an error listing every backend considered and why it was rejected.
@@ -21,6 +22,7 @@ from slotwise.attention.registry import (
     AttentionBackendError,
     AttentionBackendRegistry,
     BackendEntry,
+    UnknownAttentionBackendError,
     get_attention_backend_registry,
 )
 
@@ -57,7 +59,7 @@ def select_attention_backend(
     wanted = _describe(requirements)
     entries = registry.entries(platform_name)
     if selected is not None:
-        backend = _named(platform_name, selected, source, entries, registry)
+        backend = _named(platform_name, selected, source, undo, entries, registry)
         reasons = backend.validate(**requirements)
         if reasons:
             raise AttentionBackendError(
@@ -94,6 +96,7 @@ def _named(
     platform_name: str,
     name: str,
     source: str,
+    undo: str,
     entries: list[BackendEntry],
     registry: AttentionBackendRegistry,
 ) -> type[AttentionBackend]:
@@ -114,10 +117,16 @@ def _named(
                 elsewhere.append(f"{entry.load().get_name()} ({entry.platform})")
             except Exception:  # noqa: BLE001 - only a hint in an error message
                 continue
-    raise AttentionBackendError(
-        f"{source}={name}: no such attention backend for platform {platform_name!r}; "
-        f"known: {', '.join(known) or 'none'}"
-        + (f"; registered for other platforms: {', '.join(elsewhere)}" if elsewhere else "")
+    others = f"; registered for other platforms: {', '.join(elsewhere)}" if elsewhere else ""
+    fix = (
+        "set SLOTWISE_ATTENTION_BACKEND to a known name"
+        if source == "SLOTWISE_ATTENTION_BACKEND"
+        else "pass a known name"
+    )
+    raise UnknownAttentionBackendError(
+        f"{source}={name}: unknown attention backend name {name.strip()!r} for platform "
+        f"{platform_name!r}; known: {', '.join(known) or 'none'}{others}; {fix}, or {undo} "
+        f"to let platform {platform_name!r} choose"
     )
 
 

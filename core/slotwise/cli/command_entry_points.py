@@ -1,83 +1,179 @@
-"""The ``slotwise`` commands other distributions add, found through entry points.
+"""The ``slotwise`` commands: slotwise's own and those other distributions add through
+entry points, known from metadata alone.
 
 A distribution declares a command in the ``slotwise.cli_commands`` entry-point group:
 the entry point's name is the command, its value a module with
 ``add_parser(commands, name)`` and ``run(args) -> int``, the protocol of the built-in
-commands.  A command that fails to load is reported, with its distribution and the
-fix, and leaves the other commands working.
+commands.  Only the module of the command asked for is imported, so a broken command
+breaks itself alone; its import and its ``add_parser`` run with stdout on stderr (the
+answer of ``slotwise env --json`` stays JSON), and whatever they raise, ``sys.exit()``
+included, is one error naming the command's distribution and the fix.
+
+One name declared twice is warned about, naming both distributions; the engine's own
+``generate`` and ``bench`` win over look-alikes from other distributions.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from importlib.metadata import EntryPoint
 from types import ModuleType
+from typing import Any, NamedTuple
 
+import slotwise
+from slotwise.errors import SlotwiseError
+from slotwise.missing_distribution import ENGINE_COMMANDS, ENGINE_DISTRIBUTION
 from slotwise.plugins.entry_point_loading import load_entry_point
+from slotwise.plugins.plugin_code import describe, stdout_to_stderr
 
 COMMAND_GROUP = "slotwise.cli_commands"
 
 
-@dataclass
-class BrokenCommand:
-    """A command whose entry point could not be used, and why, in one line."""
+class BuiltInCommand(NamedTuple):
+    """A command of slotwise itself: its module, and its line in ``slotwise --help``."""
+
+    module: str
+    help: str
+
+
+@dataclass(frozen=True)
+class Command:
+    """A ``slotwise`` command, known without importing its module."""
 
     name: str
-    reason: str
+    entry_point: EntryPoint
+    distribution: str
+    version: str
+    help: str
+
+    @property
+    def source(self) -> str:
+        return f"distribution {self.distribution} {self.version}"
 
 
-def load_commands(
-    built_in: dict[str, ModuleType],
-) -> tuple[dict[str, ModuleType], list[BrokenCommand]]:
-    """The commands of the entry-point group, by name, and those that failed to load.
+class CommandError(SlotwiseError):
+    """A command cannot be used; the message names its distribution and the fix."""
 
-    A name taken by a built-in command or by an earlier entry point (of another
-    distribution: importlib.metadata lists one found twice on ``sys.path`` once) is not
-    loaded again.
-    """
-    commands: dict[str, ModuleType] = {}
-    broken: list[BrokenCommand] = []
+
+def find_commands(
+    built_in: Mapping[str, BuiltInCommand],
+) -> tuple[dict[str, Command], list[str]]:
+    """Every command by name, from entry-point metadata (no command module imported), and
+    what is wrong with the installation: names taken twice, each a warning."""
+    commands = {
+        name: Command(
+            name,
+            EntryPoint(name, command.module, COMMAND_GROUP),
+            "slotwise",
+            slotwise.__version__,
+            command.help,
+        )
+        for name, command in built_in.items()
+    }
+    declared: dict[str, list[EntryPoint]] = {}
     for ep in importlib.metadata.entry_points(group=COMMAND_GROUP):
-        if ep.name in commands or any(b.name == ep.name for b in broken):
+        declared.setdefault(ep.name, []).append(ep)
+    problems = []
+    for name, eps in declared.items():
+        if name in built_in:
+            problems += [
+                f"{_source(ep)} declares the command {name!r}, which slotwise has built in; "
+                "rename its entry point"
+                for ep in eps
+            ]
             continue
-        if ep.name in built_in:
-            broken.append(
-                BrokenCommand(
-                    ep.name,
-                    f"{_source(ep)} declares the command {ep.name!r}, which slotwise has "
-                    "built in; rename its entry point",
-                )
-            )
-            continue
-        try:
-            module = load_entry_point(ep)
-        except Exception as exc:  # noqa: BLE001 - one broken command must not break the rest
-            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            broken.append(BrokenCommand(ep.name, _unusable(ep, f"failed to load: {reason}")))
-            continue
-        missing = [
-            name for name in ("add_parser", "run") if not callable(getattr(module, name, None))
-        ]
-        if missing:
-            broken.append(
-                BrokenCommand(ep.name, _unusable(ep, f"{ep.value!r} has no {' or '.join(missing)}"))
-            )
-            continue
-        commands[ep.name] = module
-    return commands, broken
+        chosen = _preferred(name, eps)
+        if len(eps) > 1:
+            problems.append(_declared_twice_message(name, chosen, eps))
+        distribution = _distribution_name(chosen) or "a distribution with no name"
+        commands[name] = Command(
+            name,
+            chosen,
+            distribution,
+            getattr(chosen.dist, "version", None) or "?",
+            f"from {distribution}; 'slotwise {name} --help' for its options",
+        )
+    return commands, problems
 
 
-def _source(ep: importlib.metadata.EntryPoint) -> str:
-    name = getattr(ep.dist, "name", None)
+def load_command(command: Command) -> ModuleType:
+    """The module of ``command``, imported now; raises ``CommandError`` when it fails to
+    import or lacks the command protocol."""
+    with _guarded(command, "failed to load"):
+        module = load_entry_point(command.entry_point)
+    missing = [name for name in ("add_parser", "run") if not callable(getattr(module, name, None))]
+    if missing:
+        raise CommandError(
+            _unusable(command, f"{command.entry_point.value!r} has no {' or '.join(missing)}")
+        )
+    return module
+
+
+def add_command_parser(command: Command, module: ModuleType, subparsers: Any) -> None:
+    """``module.add_parser(subparsers, name)``; raises ``CommandError`` when it fails."""
+    with _guarded(command, "add_parser failed"):
+        module.add_parser(subparsers, command.name)
+
+
+@contextlib.contextmanager
+def _guarded(command: Command, failure: str) -> Iterator[None]:
+    """Run a command module's code: stdout to stderr, any failure but Ctrl-C a
+    ``CommandError`` that starts with ``failure``."""
+    try:
+        with stdout_to_stderr():
+            yield
+    except KeyboardInterrupt:
+        raise
+    except SystemExit as exc:
+        code = "" if exc.code is None else repr(exc.code)
+        raise CommandError(_unusable(command, f"{failure}: called sys.exit({code})")) from exc
+    except Exception as exc:
+        raise CommandError(_unusable(command, f"{failure}: {describe(exc)}")) from exc
+
+
+def _preferred(name: str, eps: list[EntryPoint]) -> EntryPoint:
+    """Of the entry points declaring ``name``: the engine's for its own commands, else the
+    first (the first found on ``sys.path``)."""
+    if name in ENGINE_COMMANDS:
+        for ep in eps:
+            if _normalized(_distribution_name(ep)) == ENGINE_DISTRIBUTION:
+                return ep
+    return eps[0]
+
+
+def _declared_twice_message(name: str, chosen: EntryPoint, eps: list[EntryPoint]) -> str:
+    sources = " and ".join(_source(ep) for ep in eps)
+    others = ", ".join(_distribution_name(ep) or "?" for ep in eps if ep is not chosen)
+    return (
+        f"the command {name!r} is declared by {sources}; slotwise runs the one of "
+        f"{_source(chosen)}. Uninstall {others} or rename its entry point"
+    )
+
+
+def _distribution_name(ep: EntryPoint) -> str | None:
+    return getattr(ep.dist, "name", None)
+
+
+def _normalized(name: str | None) -> str:
+    """A distribution name as packaging compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name or "").lower()
+
+
+def _source(ep: EntryPoint) -> str:
+    name = _distribution_name(ep)
     version = getattr(ep.dist, "version", None)
     if name is None:
         return "a distribution with no name"
     return f"distribution {name} {version}" if version else f"distribution {name}"
 
 
-def _unusable(ep: importlib.metadata.EntryPoint, why: str) -> str:
-    dist = getattr(ep.dist, "name", None) or "the distribution that declares it"
+def _unusable(command: Command, why: str) -> str:
+    dist = command.distribution
     return (
-        f"command {ep.name!r} of {_source(ep)} is unusable ({why}); reinstall {dist} "
+        f"command {command.name!r} of {command.source} is unusable ({why}); reinstall {dist} "
         f"(pip install --force-reinstall {dist}) or uninstall it"
     )

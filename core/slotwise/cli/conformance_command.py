@@ -9,26 +9,43 @@ output streams to stderr; the summary (a table, or JSON with ``--json``) goes to
 stdout.  Exit status: 0 when no check failed, 1 when one did (or, with
 ``--require-all``, when a check could not run here), 2 when the suite could not run
 (the platform is unknown or unavailable, say).  The verdict names the checks not run.
+
+The command waits for pytest itself, not for the end of its output: a process the
+plugin started that keeps pytest's stdout open does not keep the command waiting.  A
+pytest that ends in the middle of a test (``os._exit``, a crash, the time limit's last
+resort) leaves the test in its report: it fails, named with the platform call it was in,
+and the summary says where the suite stopped.
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
+import os
+import shlex
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from slotwise.cli.arguments import float_in
 from slotwise.cli.table import format_table
+from slotwise.errors import SlotwiseError
 from slotwise.import_path import resolve_import_path
 from slotwise.plugins.manager import stdout_to_stderr
+from slotwise.testing import CONFORMANCE_TIME_LIMIT_S
 from slotwise.testing.conformance import SUITE_DIRECTORY
 from slotwise.testing.conformance.report import (
     CheckSummary,
+    RunningTest,
     TestOutcome,
+    exceeded_message,
     not_run_verdict,
     read_report,
     summarise,
@@ -36,6 +53,13 @@ from slotwise.testing.conformance.report import (
 
 #: This command's own options that argparse's REMAINDER may hand over after NAME.
 _OWN_FLAGS = {"--json": "json", "--require-all": "require_all"}
+#: ... and its option with a value.
+_TIMEOUT_FLAG = "--timeout"
+#: The largest time limit accepted, in seconds (a day).
+MAX_TIME_LIMIT_S = 86400.0
+#: Seconds to read what pytest wrote before it exited, once it has: a process it left
+#: behind may hold its output open for ever.
+_DRAIN_S = 2.0
 
 
 def add_parser(commands: Any, name: str) -> None:
@@ -53,6 +77,14 @@ def add_parser(commands: Any, name: str) -> None:
         help="fail (exit status 1) if a check could not run here, e.g. the communicator "
         "with fewer than 2 visible devices; checks that do not apply still skip",
     )
+    parser.add_argument(
+        _TIMEOUT_FLAG,
+        type=_time_limit,
+        default=CONFORMANCE_TIME_LIMIT_S,
+        metavar="S",
+        help=f"fail a test that runs longer than S seconds (default {CONFORMANCE_TIME_LIMIT_S:g}; "
+        "0: no limit); one stuck in native code ends the run there",
+    )
     # REMAINDER, not "*": argparse before Python 3.12 rejects `NAME --json -- ARGS` with "*".
     parser.add_argument(
         "pytest_args",
@@ -62,12 +94,30 @@ def add_parser(commands: Any, name: str) -> None:
     )
 
 
+_time_limit = float_in(0, MAX_TIME_LIMIT_S, low_open=True, zero=True)
+
+
 def _split_pytest_args(args: argparse.Namespace) -> list[str]:
-    """pytest's arguments; REMAINDER also hands over this command's flags after NAME."""
+    """pytest's arguments; REMAINDER also hands over this command's options after NAME."""
     extra = list(args.pytest_args)
-    while extra and extra[0] in _OWN_FLAGS:
-        setattr(args, _OWN_FLAGS[extra.pop(0)], True)
+    while extra and (extra[0] in _OWN_FLAGS or extra[0].partition("=")[0] == _TIMEOUT_FLAG):
+        flag, _, value = extra.pop(0).partition("=")
+        if flag in _OWN_FLAGS:
+            setattr(args, _OWN_FLAGS[flag], True)
+            continue
+        if not value:
+            if not extra:
+                raise ConformanceUsageError(f"{_TIMEOUT_FLAG} needs a number of seconds")
+            value = extra.pop(0)
+        try:
+            args.timeout = _time_limit(value)
+        except argparse.ArgumentTypeError as exc:
+            raise ConformanceUsageError(f"argument {_TIMEOUT_FLAG}: {exc}") from None
     return extra[1:] if extra[:1] == ["--"] else extra
+
+
+class ConformanceUsageError(SlotwiseError, ValueError):
+    """An option of ``slotwise conformance`` given after NAME that is not valid."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,36 +143,82 @@ def run(args: argparse.Namespace) -> int:
             "-p",
             "no:cacheprovider",
             "-q",
+            f"--slotwise-timeout={args.timeout:g}",
             *(["--slotwise-require-all"] if args.require_all else []),
             *pytest_args,
         ]
-        exit_status, output = _stream(command)
-        result = _result(args.platform, exit_status, output, report_path, args.require_all)
+        exit_status, output, ended = _stream(command)
+        result = _result(
+            args.platform, exit_status, output, report_path, args.require_all, ended=ended
+        )
     print(json.dumps(result, indent=2) if args.json else render(result))
     if result["error"]:
         return 2
     return 0 if result["passed"] else 1
 
 
-def _stream(command: list[str]) -> tuple[int, str]:
-    """Run ``command``, copying its output to stderr as it comes; its status and output."""
-    lines = []
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
-    ) as process:
-        assert process.stdout is not None
-        for line in process.stdout:
-            sys.stderr.write(line)
-            lines.append(line)
+def _stream(command: list[str]) -> tuple[int, str, float]:
+    """Run ``command``, copying its output to stderr as it comes; its exit status, its
+    output and when it ended (``time.time()``).
+
+    The output is read by a thread of its own, and the command's end is ``wait()``'s: a
+    process ``command`` started that inherited its stdout would keep the pipe open after
+    ``command`` exits.  That thread owns the pipe's descriptor and closes it at EOF, so
+    nothing here blocks on it or closes it under a read.
+    """
+    read_end, write_end = os.pipe()
+    try:
+        process = subprocess.Popen(command, stdout=write_end, stderr=subprocess.STDOUT)
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+    chunks: list[str] = []
+    reader = threading.Thread(
+        target=_copy_output, args=(read_end, chunks), name="pytest-output", daemon=True
+    )
+    reader.start()
+    exit_status = process.wait()
+    ended = time.time()
+    reader.join(_DRAIN_S)
     sys.stderr.flush()
-    return process.returncode, "".join(lines)
+    return exit_status, "".join(chunks), ended
+
+
+def _copy_output(descriptor: int, chunks: list[str]) -> None:
+    """Copy what arrives on ``descriptor`` to stderr and ``chunks`` until EOF."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    try:
+        while data := os.read(descriptor, 65536):
+            text = decoder.decode(data)
+            sys.stderr.write(text)
+            sys.stderr.flush()
+            chunks.append(text)
+    except OSError:  # stderr went away: stop copying
+        pass
+    finally:
+        os.close(descriptor)
 
 
 def _result(
-    platform: str, exit_status: int, output: str, report_path: Path, require_all: bool
+    platform: str,
+    exit_status: int,
+    output: str,
+    report_path: Path,
+    require_all: bool,
+    *,
+    ended: float | None = None,
 ) -> dict[str, Any]:
-    """The run as plain data: per check, its outcome, counts and tests; the checks not run."""
-    tests = read_report(report_path)["tests"] if report_path.exists() else []
+    """The run as plain data: per check, its outcome, counts and tests; the checks not
+    run; where the suite stopped, if pytest ended in the middle of a test."""
+    report = read_report(report_path) if report_path.exists() else None
+    tests = report["tests"] if report else []
+    stopped = None
+    if report and report["running"] is not None:
+        running = report["running"]
+        tests = _with_stop(platform, tests, running, exit_status, ended)
+        stopped = _stop_data(running, tests, report["selected"])
     checks = summarise(tests)
     error = None
     if not tests:
@@ -144,8 +240,61 @@ def _result(
         "error": error,
         "require_all": require_all,
         "not_run": [_not_run_data(test) for test in not_run],
-        "verdict": _verdict(checks, not_run, require_all) if error is None else "ERROR",
+        "verdict": _verdict(checks, not_run, require_all, stopped) if error is None else "ERROR",
+        "stopped": stopped,
         "checks": [_check_data(check) for check in checks],
+    }
+
+
+def _with_stop(
+    platform: str,
+    tests: list[TestOutcome],
+    running: RunningTest,
+    exit_status: int,
+    ended: float | None,
+) -> list[TestOutcome]:
+    """``tests`` with the test pytest ended in: failed, with why, unless the time limit
+    recorded it before ending the process."""
+    if any(test.check == running.check and test.name == running.name for test in tests):
+        return tests
+    calling = f", while calling {running.calling}" if running.calling else ""
+    elapsed = (ended if ended is not None else time.time()) - running.started
+    if running.time_limit_s and elapsed >= running.time_limit_s:
+        message = exceeded_message(platform, running) + (
+            "; it never returned to Python: it is stuck in native code that holds the GIL, "
+            "so the time limit's last resort (faulthandler) ended the test process; the "
+            "tracebacks of its threads are in pytest's output"
+        )
+    else:
+        message = (
+            f"platform {platform!r}: the test process ended ({_status(exit_status)}) during "
+            f"{running.check} :: {running.name}{calling}, without a Python exception: "
+            "what it ran ended the process (os._exit, exit() or abort() in native code, "
+            "or a crash such as a segmentation fault, whose traceback pytest's output shows)"
+        )
+    return [*tests, TestOutcome(running.check, running.name, "failed", message, elapsed)]
+
+
+def _status(exit_status: int) -> str:
+    if exit_status < 0:
+        try:
+            return f"killed by {signal.Signals(-exit_status).name}"
+        except ValueError:
+            return f"killed by signal {-exit_status}"
+    return f"exit status {exit_status}"
+
+
+def _stop_data(
+    running: RunningTest, tests: list[TestOutcome], selected: int | None
+) -> dict[str, Any]:
+    """Where the suite stopped, how many of its selected tests never ran, how to go on."""
+    not_run = max(0, selected - len(tests)) if selected is not None else None
+    return {
+        "check": running.check,
+        "name": running.name,
+        "calling": running.calling,
+        "tests_not_run": not_run,
+        "rerun": f"-- --deselect {shlex.quote(running.nodeid)}",
     }
 
 
@@ -153,12 +302,29 @@ def _not_run_data(test: TestOutcome) -> dict[str, str]:
     return {"check": test.check, "name": test.name, "reason": test.message}
 
 
-def _verdict(checks: list[CheckSummary], not_run: list[TestOutcome], require_all: bool) -> str:
-    """The last line: PASSED or FAILED, the failed checks, and the checks not run here."""
+def _verdict(
+    checks: list[CheckSummary],
+    not_run: list[TestOutcome],
+    require_all: bool,
+    stopped: dict[str, Any] | None = None,
+) -> str:
+    """The last line: PASSED or FAILED, the failed checks, where the suite stopped, and
+    the checks not run here."""
     bad = [c.check for c in checks if c.outcome in ("failed", "error")]
     missing = not_run_verdict(not_run)
     if bad:
         verdict = f"FAILED: {', '.join(bad)}"
+        if stopped is not None:
+            count = stopped["tests_not_run"]
+            rest = (
+                "the tests after it"
+                if count is None
+                else f"{count} more test{'' if count == 1 else 's'}"
+            )
+            verdict += (
+                f"; the suite stopped at {stopped['check']} :: {stopped['name']} and "
+                f"{rest} did not run (rerun with `{stopped['rerun']}` to check them)"
+            )
         return f"{verdict}; {missing}" if missing else verdict
     if not missing:
         return "PASSED"

@@ -4,39 +4,61 @@ How every command ends is decided here, once: a slotwise error is one line and e
 status 2; Ctrl-C, at any point of any command, is one line and exit status 130 (the
 shell's 128 + SIGINT); a reader that stops early (``slotwise generate ... | head``)
 ends the command quietly with exit status 141 (128 + SIGPIPE, what the shell reports
-for any program a closed pipe stops).  No traceback for any of them.
+for any program a closed pipe stops).  No traceback for any of them.  A thread a plugin
+started without ``daemon=True`` does not keep the command from ending.
+
+Only the module of the command asked for is imported (command_entry_points); the others
+are listed by name and help.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
 from types import ModuleType
 
 from slotwise import envs
-from slotwise.cli import (
-    conformance_command,
-    env_command,
-    matrix_command,
-    new_plugin_command,
-)
 from slotwise.cli.arguments import ArgumentParser
-from slotwise.cli.command_entry_points import BrokenCommand, load_commands
+from slotwise.cli.command_entry_points import (
+    BuiltInCommand,
+    Command,
+    CommandError,
+    add_command_parser,
+    find_commands,
+    load_command,
+)
 from slotwise.errors import EnvironmentVariableError, SlotwiseError
 from slotwise.missing_distribution import ENGINE_COMMANDS, engine_missing_message
+from slotwise.plugins.plugin_code import lingering_plugin_threads
 
 #: The commands of the core; other distributions add theirs through entry points
 #: (command_entry_points), slotwise-engine its ``generate`` and ``bench``.
-BUILT_IN_COMMANDS: dict[str, ModuleType] = {
-    "env": env_command,
-    "matrix": matrix_command,
-    "conformance": conformance_command,
-    "new-plugin": new_plugin_command,
+BUILT_IN_COMMANDS: dict[str, BuiltInCommand] = {
+    "env": BuiltInCommand(
+        "slotwise.cli.env_command", "show versions, plugins, the selected platform"
+    ),
+    "matrix": BuiltInCommand(
+        "slotwise.cli.matrix_command",
+        "show what every installed platform supports (graph modes, attention, ...)",
+    ),
+    "conformance": BuiltInCommand(
+        "slotwise.cli.conformance_command",
+        "check a platform plugin with slotwise's conformance suite",
+    ),
+    "new-plugin": BuiltInCommand(
+        "slotwise.cli.new_plugin_command",
+        "write a new platform plugin package that passes the conformance suite",
+    ),
 }
+
+#: Seconds a finished command waits for the non-daemon threads plugins started.
+PLUGIN_THREAD_GRACE_S = 1.0
 
 logger = logging.getLogger("slotwise")
 
@@ -57,42 +79,67 @@ def configure_logging() -> None:
     logger.setLevel(level)
 
 
-def all_commands() -> tuple[dict[str, ModuleType], list[BrokenCommand]]:
-    """The built-in commands and those of the ``slotwise.cli_commands`` entry points,
-    by name, and the entry points that could not be loaded."""
-    added, broken = load_commands(BUILT_IN_COMMANDS)
-    return {**BUILT_IN_COMMANDS, **added}, broken
+def build_parser(
+    commands: dict[str, Command] | None = None, loaded: dict[str, ModuleType] | None = None
+) -> argparse.ArgumentParser:
+    """The ``slotwise`` parser, listing every command of ``commands`` (default: all).
 
-
-def build_parser(commands: dict[str, ModuleType] | None = None) -> argparse.ArgumentParser:
+    The commands in ``loaded`` (name -> module; default: every command, each module
+    imported) get their own options; the others only their name and help, so that their
+    modules stay unimported.  A command module that fails raises ``CommandError``.
+    """
+    if commands is None:
+        commands = find_commands(BUILT_IN_COMMANDS)[0]
+    if loaded is None:
+        loaded = {name: load_command(command) for name, command in commands.items()}
     parser = ArgumentParser(
         prog="slotwise", description="slotwise: hardware plugin framework for PyTorch inference"
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, module in (all_commands()[0] if commands is None else commands).items():
-        module.add_parser(subparsers, name)
+    for name, command in commands.items():
+        if name in loaded:
+            add_command_parser(command, loaded[name], subparsers)
+        else:
+            subparsers.add_parser(name, help=command.help)
     return parser
 
 
-def _unavailable(
-    argv: Sequence[str], commands: dict[str, ModuleType], broken: list[BrokenCommand]
-) -> str | None:
-    """Why the command ``argv`` asks for cannot run, when it is one that failed to load
-    or one of a distribution that is not installed; None otherwise (argparse reports an
-    unknown command with the list of the installed ones)."""
-    requested = next((arg for arg in argv if not arg.startswith("-")), None)
-    if requested is None or requested in commands:
+def _requested(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` asks for: its first argument that is not an option (the
+    ``slotwise`` parser itself has none but ``--help``)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def _unavailable(requested: str | None, commands: dict[str, Command]) -> str | None:
+    """Why the command asked for cannot run when it is one of a distribution that is not
+    installed; None otherwise (argparse reports an unknown command with the list of the
+    installed ones)."""
+    if requested is None or requested in commands or requested not in ENGINE_COMMANDS:
         return None
-    for command in broken:
-        if command.name == requested:
-            return command.reason
-    if requested in ENGINE_COMMANDS:
-        installed = ", ".join(sorted(commands))
-        return f"{engine_missing_message(f'slotwise {requested}')} (installed: {installed})"
-    return None
+    installed = ", ".join(sorted(commands))
+    return f"{engine_missing_message(f'slotwise {requested}')} (installed: {installed})"
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command ``argv`` asks for (default: this process's command line) and return
+    its exit status.
+
+    Called for the process's own command line (no ``argv``), it ends the process itself
+    when a plugin's non-daemon thread would keep it from exiting.
+    """
+    if argv is not None:
+        return _main(argv)
+    try:
+        code = _main(None)
+    except Exception:
+        # The interpreter would print the traceback, exit with status 1, and first wait.
+        _exit_despite_plugin_threads(1, traceback.format_exc())
+        raise
+    _exit_despite_plugin_threads(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     prog = "slotwise"
     if sys.stdout is None:  # started with stdout closed (>&-): the answer goes nowhere
         sys.stdout = open(os.devnull, "w")
@@ -103,17 +150,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"slotwise: error: {exc}", file=sys.stderr)
             return 2
         configure_logging()
-        commands, broken = all_commands()
-        unavailable = _unavailable(sys.argv[1:] if argv is None else argv, commands, broken)
+        commands, problems = find_commands(BUILT_IN_COMMANDS)
+        for problem in problems:
+            logger.warning("%s", problem)
+        requested = _requested(sys.argv[1:] if argv is None else argv)
+        unavailable = _unavailable(requested, commands)
         if unavailable is not None:
             print(f"slotwise: error: {unavailable}", file=sys.stderr)
             return 2
-        for command in broken:
-            logger.warning("%s", command.reason)
-        args = build_parser(commands).parse_args(argv)
+        try:
+            loaded = {requested: load_command(commands[requested])} if requested in commands else {}
+            parser = build_parser(commands, loaded)
+        except CommandError as exc:
+            print(f"slotwise: error: {exc}", file=sys.stderr)
+            return 2
+        args = parser.parse_args(argv)
         prog = f"slotwise {args.command}"
         try:
-            code = commands[args.command].run(args)
+            code = loaded[args.command].run(args)
         except SlotwiseError as exc:
             if _during_interrupt(exc):
                 raise KeyboardInterrupt from exc
@@ -159,3 +213,30 @@ def _stdout_closed() -> int:
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
     return BROKEN_PIPE
+
+
+def _exit_despite_plugin_threads(code: int, traceback_text: str = "") -> None:
+    """End the process with ``code`` now if a non-daemon thread started by plugin code is
+    still running: the interpreter would wait for it at exit, forever for one that loops.
+
+    What exit does first is done here too: the traceback of an uncaught error is printed,
+    atexit handlers run, stdout and stderr are flushed.  Threads the command itself
+    started are left to the interpreter.
+    """
+    lingering = lingering_plugin_threads(PLUGIN_THREAD_GRACE_S)
+    if not lingering:
+        return
+    sys.stderr.write(traceback_text)
+    logger.warning(
+        "%s: it is still running and would keep slotwise from exiting, so slotwise exits "
+        "without it. Plugin threads must be daemon threads (daemon=True) or end by "
+        "themselves: fix or uninstall the plugin.",
+        "; ".join(lingering),
+    )
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed pipe or closed stream: nothing more to say
+            pass
+    os._exit(code)

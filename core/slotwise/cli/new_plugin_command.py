@@ -185,8 +185,26 @@ def write(path: Path, files: dict[str, str]) -> None:
     """Write ``files`` under ``path``, all or nothing; ``path`` must be new or empty.
 
     The files go to a temporary folder beside ``path``, renamed into place once all
-    are written, so a failure half-way leaves no half-written plugin behind.
+    are written, so a failure half-way leaves no half-written plugin behind.  A folder
+    that cannot be made or written is one NewPluginError naming it.
     """
+    try:
+        _write(path, files)
+    except OSError as exc:
+        where = exc.filename if exc.filename is not None else path
+        reason = (
+            "exists and is not a folder"
+            if isinstance(exc, FileExistsError)
+            else (exc.strerror or str(exc)).lower()
+        )
+        raise NewPluginError(
+            f"cannot write the plugin to {path}: {where}: {reason}; choose a --path in a "
+            "folder you can write to"
+        ) from None
+    logger.debug("wrote %d files to %s", len(files), path)
+
+
+def _write(path: Path, files: dict[str, str]) -> None:
     if path.exists() and not path.is_dir():
         raise NewPluginError(f"{path} exists and is not a folder; choose another --path")
     if path.is_dir() and any(path.iterdir()):
@@ -195,7 +213,10 @@ def write(path: Path, files: dict[str, str]) -> None:
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     # mkdtemp's folder is private (0700); the plugin folder inside it gets the usual mode.
-    scratch = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    try:
+        scratch = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    except OSError as exc:  # it names a random folder; the user knows the one it goes in
+        raise OSError(exc.errno, exc.strerror, str(path.parent)) from None
     try:
         staging = scratch / path.name
         for relative, text in files.items():
@@ -207,7 +228,6 @@ def write(path: Path, files: dict[str, str]) -> None:
         os.replace(staging, path)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    logger.debug("wrote %d files to %s", len(files), path)
 
 
 def report(result: dict[str, Any], path: Path) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import inspect
 import logging
+import os
+import sys
 import types
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -51,26 +53,44 @@ def prepare_config(
     config: CompilationConfig,
     platform: Platform,
     attention_backends: Sequence[type] | None = None,
+    *,
+    compiled: bool = True,
 ) -> CompilationConfig:
-    """A copy of ``config`` adapted by the platform, with every change logged.
+    """A copy of ``config`` adapted by the platform, with every change logged once.
 
     ``attention_backends``: those of the model's layers, which decide the default graph
-    mode (None: the one the platform selects by default).
+    mode (None: the one the platform selects by default). ``compiled=False``: the model
+    runs uncompiled (``TORCH_COMPILE_DISABLE=1``) and so captures no graphs.
 
-    The diff is logged here rather than trusted to each platform, so a plugin that
-    forgets to log cannot change a setting silently.
+    What the platform's hook and the backend default change is logged here rather than
+    trusted to each platform, so a plugin that forgets to log cannot change a setting
+    silently; the core's own graph-mode changes are logged once, with their reason, by
+    ``graph_modes.settle_graph_mode``.
     """
     adapted = config.replace()
     before = adapted.to_dict()
     platform.check_and_update_config(adapted)
-    apply_platform_defaults(platform, adapted, attention_backends)
-    after = adapted.to_dict()
+    after_hook = adapted.to_dict()
+    apply_platform_defaults(platform, adapted, attention_backends, compiled=compiled)
+    # The graph mode as the hook left it: later changes are settle_graph_mode's, logged there.
+    after = {**adapted.to_dict(), "graph_mode": after_hook["graph_mode"]}
     for key, value in after.items():
         if before[key] != value:
             logger.info(
                 "platform %s set compilation %s: %r -> %r", platform.name, key, before[key], value
             )
     return adapted
+
+
+def torch_compile_disabled() -> bool:
+    """Whether torch.compile is switched off in this process: ``TORCH_COMPILE_DISABLE=1``,
+    which torch reads when Dynamo loads, or ``torch._dynamo.config.disable`` set since.
+    Dynamo's config is asked only where it is loaded already, so an eager start never
+    imports it."""
+    dynamo_config = sys.modules.get("torch._dynamo.config")
+    if dynamo_config is not None:
+        return bool(dynamo_config.disable)
+    return os.environ.get("TORCH_COMPILE_DISABLE", "0") == "1"
 
 
 def model_source_hash(module: torch.nn.Module) -> str:
@@ -125,12 +145,27 @@ class CompiledForward:
         self.platform = get_current_platform()
         # A model without slotwise Attention layers is judged by the platform's default backend.
         backends = attention_backends_of(module) or None
-        self.config = prepare_config(config, self.platform, backends)
+        eager = torch_compile_disabled()
+        self.config = prepare_config(config, self.platform, backends, compiled=not eager)
         # Read now, so a bad SLOTWISE_DISABLE_COMPILE_CACHE fails here and not inside Dynamo.
         self.config.cache_enabled  # noqa: B018
         self.dynamic_arg_dims = dynamic_arg_dims
         self.signature = inspect.signature(forward)
         self.compiled: Callable[..., Any] | None = None
+        if eager:
+            # As torch.compile does under TORCH_COMPILE_DISABLE=1, and vLLM with it: the
+            # model's own forward, at every level (levels 2 and 3 would otherwise find no
+            # frame compiled under fullgraph=True and fail).
+            level = self.config.level
+            logger.warning(
+                "TORCH_COMPILE_DISABLE=1: %s runs eagerly instead of at compilation level "
+                "%d (%s), and captures no static graphs (graph_mode NONE); unset "
+                "TORCH_COMPILE_DISABLE to compile it",
+                type(module).__qualname__,
+                level.value,
+                level.name,
+            )
+            self.compiled = types.MethodType(forward, module)
 
     def _backend(self) -> TraceOnceBackend:
         from slotwise.compilation.splitting.dynamo_backends import TraceOnceBackend

@@ -26,7 +26,6 @@ import torch.fx as fx
 from torch._guards import TracingContext
 from torch.utils import _pytree as pytree
 
-from slotwise.compilation.cache.hardware_identity import gpu_identity
 from slotwise.compilation.cache.inductor_cache_dir import (
     place_inductor_cache,
     place_precompiled_headers,
@@ -35,11 +34,21 @@ from slotwise.compilation.cache.isa_probe_cache import install_isa_probe_cache
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.config import CompilationConfig, ConfigError
 from slotwise.compilation.splitting.traced_inputs import traced_inputs
+from slotwise.errors import SlotwiseError
 from slotwise.import_path import resolve_import_path
+from slotwise.platforms import Platform, get_current_platform
 
 logger = logging.getLogger("slotwise")
 
+#: The packages a first import of Inductor loads the most of; another package's orphans
+#: may come from failures of its own, which Inductor does not care about.
+_COMPILER_PACKAGES = ("torch._dynamo.", "torch._inductor.")
 _ACCEPTED_BACKENDS = '"eager", "inductor" or "module:Class" naming a Compiler subclass'
+
+
+class HalfImportedCompilerError(SlotwiseError, RuntimeError):
+    """An earlier import of torch's compiler in this process stopped half-way (a Ctrl-C
+    while ``torch._inductor`` was first imported): only a new process can compile."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +73,7 @@ class Compiler(abc.ABC):
     supports_persistence: ClassVar[bool] = False
 
     def __init__(self, config: CompilationConfig) -> None:
+        _check_compiler_imports_whole()
         self.config = config
 
     def compute_hash(self) -> str:
@@ -123,6 +133,7 @@ class InductorCompiler(Compiler):
         place_inductor_cache(config.resolved_cache_dir if config.cache_enabled else None)
         import torch._inductor  # costly: only when Inductor is chosen
 
+        check_inductor_targets(get_current_platform())
         if not hasattr(torch._inductor, "standalone_compile"):
             raise ConfigError(
                 f"compilation config key 'backend': 'inductor' needs "
@@ -141,7 +152,7 @@ class InductorCompiler(Compiler):
                 "torch._inductor.config"
             ) from None
         place_precompiled_headers()
-        if _platform_device_type() == "cpu":
+        if get_current_platform().device_type == "cpu":
             _check_cpp_compiler(config, self.options)
 
     def compute_hash(self) -> str:
@@ -153,9 +164,9 @@ class InductorCompiler(Compiler):
             "options": self.options,
             # Inductor specialises its code to the hardware it compiles on, and a cache
             # may be shared (a home folder on NFS) or copied: a piece written for AVX-512
-            # and loaded where AVX2 is picked computes wrong numbers, silently.
+            # and loaded where AVX2 is picked computes wrong numbers, silently. (The
+            # compile cache keys every compiler on the platform's device identity.)
             "cpu_vector_isa": self._cpu_vector_isa(),
-            "gpu": gpu_identity(),
         }
         canonical = json.dumps(factors, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
@@ -209,10 +220,67 @@ class InductorCompiler(Compiler):
         return _unflattening(artifact, _output_spec(graph))
 
 
-def _platform_device_type() -> str:
-    from slotwise.platforms import get_current_platform
+def _check_compiler_imports_whole() -> None:
+    """Refuse to compile after the first import of torch's compiler stopped half-way.
 
-    return get_current_platform().device_type
+    An interrupted import leaves the submodules it finished in ``sys.modules`` without
+    the packages they belong to (``torch._dynamo.config`` without ``torch._dynamo``).
+    Importing again then mixes those with fresh copies and fails further on, with
+    errors that blame whatever they touch first (the config's ``inductor_config``).
+    A whole import never leaves such orphans, so they mark the broken process.
+    """
+    loaded = set(sys.modules)
+    orphans = sorted(
+        name
+        for name in loaded
+        if name.startswith(_COMPILER_PACKAGES) and name.rpartition(".")[0] not in loaded
+    )
+    if orphans:
+        raise HalfImportedCompilerError(
+            "an earlier import of torch's compiler (torch._dynamo, torch._inductor) in this "
+            f"process was interrupted (Ctrl-C) or failed half-way: {orphans[0]} is loaded "
+            "without its package "
+            f"{orphans[0].rpartition('.')[0]}, and importing it again would fail with a "
+            "misleading error; restart the Python process"
+        )
+
+
+def check_inductor_targets(platform: Platform) -> None:
+    """Refuse Inductor, with one ConfigError naming the backend to use, where it has no
+    code generator for ``platform``'s device type: its first compile would fail deep
+    inside Inductor with a bare ``KeyError`` naming the device.
+
+    Inductor's registry (``torch._inductor.codegen.common``) holds the device types it
+    supports itself and those a vendor registers (``register_backend_for_device``, or the
+    ``Scheduling`` of a PrivateUse1 device's torch module). Imports Inductor: where
+    slotwise places Inductor's cache folder, it does so before calling this.
+    """
+    from torch._inductor.codegen.common import (
+        get_scheduling_for_device,
+        init_backend_registration,
+    )
+
+    init_backend_registration()
+    if get_scheduling_for_device(platform.device_type) is not None:
+        return
+    problem = (
+        f"compilation config key 'backend': 'inductor' cannot compile for platform "
+        f"{platform.name!r}: Inductor has no code generator for its device type "
+        f"{platform.device_type!r}"
+    )
+    default = platform.default_compile_backend
+    if default != "inductor":
+        raise ConfigError(
+            f"{problem}; use the platform's default backend {default!r} (leave 'backend' "
+            f"unset, or -O.backend={default})"
+        )
+    raise ConfigError(
+        f"{problem}, yet the platform ({type(platform).__module__}."
+        f"{type(platform).__qualname__}) names it as its default_compile_backend; use "
+        "backend 'eager' (-O.backend=eager), and have the plugin set "
+        "default_compile_backend = 'eager' or register an Inductor backend for "
+        f"{platform.device_type!r} (torch._inductor.codegen.common.register_backend_for_device)"
+    )
 
 
 def _check_cpp_compiler(config: CompilationConfig, options: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ import torch
 from slotwise.compilation.compiled_forward import CompiledForward
 from slotwise.compilation.config import CompilationConfig, CompilationLevel
 from slotwise.compilation.context import get_current_compilation_config, set_compilation_config
+from slotwise.compilation.static_graphs.graph_modes import check_graph_mode_level
 
 ModuleClass = TypeVar("ModuleClass", bound=type)
 DynamicArgDims = dict[str, int | list[int]]
@@ -95,6 +96,7 @@ def support_torch_compile(
                 original_init(self, *args, **kwargs)
             if _nearest_spec_owner(type(self)) is not cls:
                 return  # a decorated subclass compiles the instance instead
+            check_graph_mode_level(config)  # level 0 compiles nothing that would refuse it
             enabled = (
                 config.level > CompilationLevel.NO_COMPILATION
                 and not getattr(type(self), _IGNORED, False)
@@ -144,6 +146,7 @@ def compile(
     config = (
         get_current_compilation_config() if config is None else CompilationConfig.coerce(config)
     )
+    check_graph_mode_level(config)
     if config.level == CompilationLevel.NO_COMPILATION:
         return module
     forward = type(module).forward

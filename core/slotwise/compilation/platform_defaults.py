@@ -9,57 +9,36 @@ every plugin.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from slotwise.compilation.config import CompilationLevel, ConfigError, GraphMode
-from slotwise.compilation.static_graphs.graph_modes import default_graph_mode, supported_graph_modes
+from slotwise.compilation.config import ConfigError
+from slotwise.compilation.static_graphs.graph_modes import settle_graph_mode
 
 if TYPE_CHECKING:
     from slotwise.compilation.config import CompilationConfig
     from slotwise.platforms import Platform
-
-logger = logging.getLogger("slotwise")
 
 
 def apply_platform_defaults(
     platform: Platform,
     config: CompilationConfig,
     attention_backends: Sequence[type] | None = None,
+    *,
+    compiled: bool = True,
 ) -> None:
     """Fill in what the platform's hook left unset (the compile backend, the graph mode);
     refuse what cannot work. Runs after ``Platform.check_and_update_config``, always.
 
-    A config without a graph mode gets ``default_graph_mode`` for the model's
-    ``attention_backends`` (None: the backend the platform selects), its reason logged.
-    A graph mode the user asked for on a platform without static graphs is turned
-    off with a warning; a mode that contradicts the level is a ConfigError, since
-    guessing which of the two settings the user meant would be a silent fallback.
+    The graph mode is ``graph_modes.settle_graph_mode``'s: the default for the model's
+    ``attention_backends`` (None: the backend the platform selects), logged with its
+    reason; an explicit mode kept where it can work, else changed with one warning or
+    refused with a ConfigError. ``compiled=False``: the model runs uncompiled
+    (``TORCH_COMPILE_DISABLE=1``), so it captures nothing.
     """
     if not config.backend:
         config.backend = platform.default_compile_backend
-    if config.graph_mode is not None and (
-        config.graph_mode.has_piecewise_graphs and config.level != CompilationLevel.PIECEWISE
-    ):
-        raise ConfigError(
-            f"compilation config key 'graph_mode': {config.graph_mode.name} needs piecewise "
-            f"compilation, but level is {config.level.name}; set level=3 or graph_mode=FULL/NONE"
-        )
-    supported = supported_graph_modes(platform)
-    if config.graph_mode is None:
-        choice = default_graph_mode(platform, attention_backends, config.level)
-        logger.info("graph_mode %s by default: %s", choice.mode.name, choice.reason)
-        config.graph_mode = choice.mode
-    elif config.graph_mode not in supported:
-        logger.warning(
-            "platform %s supports graph modes %s only (static graphs need a GraphAPI): "
-            "graph_mode=%s turned to NONE",
-            platform.name,
-            ", ".join(mode.name for mode in supported),
-            config.graph_mode.name,
-        )
-        config.graph_mode = GraphMode.NONE
+    settle_graph_mode(config, platform, attention_backends, compiled=compiled)
     if config.use_inductor_graph_partition:
         import torch
 

@@ -7,12 +7,14 @@ each; docs/distributed.md has the walk-through for users and plugin authors.
 
 from __future__ import annotations
 
+from slotwise.distributed.agreement import Fact, check_ranks_agree
 from slotwise.distributed.communicator import Communicator
 from slotwise.distributed.errors import (
     CollectiveError,
     DistributedError,
     DistributedInitError,
     DistributedTimeoutError,
+    RankDisagreementError,
 )
 from slotwise.distributed.launch import DEFAULT_TIMEOUT_S
 from slotwise.distributed.ops import tp_all_gather, tp_all_reduce, tp_reduce_scatter
@@ -49,11 +51,14 @@ __all__ = [
     "DistributedInfo",
     "DistributedInitError",
     "DistributedTimeoutError",
+    "Fact",
     "MergedColumnParallelLinear",
     "ParallelLMHead",
     "QKVParallelLinear",
+    "RankDisagreementError",
     "RowParallelLinear",
     "VocabParallelEmbedding",
+    "check_ranks_agree",
     "get_communicator",
     "get_tensor_parallel_rank",
     "get_tensor_parallel_world_size",

@@ -4,8 +4,9 @@
 launcher's environment are inconsistent, or the processes never met at the
 rendezvous.  ``CollectiveError`` comes later, from a collective that failed because
 a peer exited or a connection broke; ``DistributedTimeoutError`` is the collective
-that did not finish within the configured timeout.  Catching ``DistributedError``
-catches all of them.
+that did not finish within the configured timeout.  ``RankDisagreementError`` comes
+from ``check_ranks_agree``: ranks that must hold the same inputs (checkpoint,
+prompts) do not.  Catching ``DistributedError`` catches all of them.
 """
 
 from __future__ import annotations
@@ -28,3 +29,8 @@ class CollectiveError(DistributedError):
 
 class DistributedTimeoutError(CollectiveError, TimeoutError):
     """A collective did not complete within the timeout (``SLOTWISE_DIST_TIMEOUT``)."""
+
+
+class RankDisagreementError(DistributedError):
+    """Ranks that must hold the same inputs do not; raised on every rank of the group,
+    with the same message, by ``check_ranks_agree``."""

@@ -98,6 +98,21 @@ class Platform:
         """Compute capability as (major, minor), or None where the notion does not apply."""
         self._not_implemented("get_device_capability")
 
+    def device_identity(self, **kwargs: Any) -> dict[str, str]:
+        """What code compiled for this process's device is specialised to, as strings.
+
+        slotwise keys its compile cache, Inductor's cache folder and warm starts on it,
+        and never probes a vendor's device itself: a cache may be shared between machines
+        (a network home) or copied, and code compiled for one device generation can run
+        wrongly on another. Override to add what your compiler specialises to (device
+        model, compute capability, driver and runtime versions), starting from
+        ``super().device_identity()``; the same device must give the same answer in every
+        process. The default names only the platform, its device type and torch.
+        """
+        import torch
+
+        return {"platform": self.name, "device_type": self.device_type, "torch": torch.__version__}
+
     def total_memory(self, device_id: int = 0, **kwargs: Any) -> int:
         """Total memory of device ``device_id`` in bytes.  Override."""
         self._not_implemented("total_memory")

@@ -7,9 +7,9 @@ Rules, in order (docs/design.md):
 3. Else an ``UnspecifiedPlatform`` that raises ``PlatformNotFoundError`` on use.
 
 Each probe runs at most once per process, within SLOTWISE_PROBE_TIMEOUT seconds (a
-hung probe fails its plugin instead of hanging the process).  Platforms below the
-winner's priority are probed only when a report asks for them, and with
-SLOTWISE_PLATFORM set only the named platform is ever probed.
+hung probe fails its plugin instead of hanging the process: plugins/plugin_code.py).
+Platforms below the winner's priority are probed only when a report asks for them, and
+with SLOTWISE_PLATFORM set only the named platform is ever probed.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +26,8 @@ from slotwise.import_path import resolve_import_path
 from slotwise.platforms.errors import PlatformError, PlatformNotFoundError
 from slotwise.platforms.interface import Platform
 from slotwise.platforms.spec import PlatformSpec, api_range_warning
-from slotwise.plugins.manager import (
-    PluginManager,
-    PluginRecord,
-    get_plugin_manager,
-    plugin_code,
-)
+from slotwise.plugins.manager import PluginManager, PluginRecord, get_plugin_manager
+from slotwise.plugins.plugin_code import call_plugin_code, outcome, plugin_code
 
 logger = logging.getLogger("slotwise")
 
@@ -89,7 +85,7 @@ class PlatformResolver:
             if problem:
                 self.manager.fail(record, f"hook slotwise_platforms returned {problem}")
                 continue
-            for spec in specs:
+            for spec in specs or ():  # None: the plugin offers no platform
                 twin = self.entries.get(spec.name)
                 if twin is not None:
                     self.manager.fail(
@@ -116,28 +112,22 @@ class PlatformResolver:
     def probe(self, entry: PlatformEntry) -> bool:
         """Run ``entry``'s probe once; True when the platform can run here.
 
-        An interrupt (KeyboardInterrupt, SystemExit) leaves the entry unprobed, so a
-        later resolution asks again.
+        A Ctrl-C (KeyboardInterrupt) leaves the entry unprobed, so a later resolution asks
+        again; a probe that calls ``sys.exit()`` fails its plugin, as one that raises does.
         """
         with self._lock:
             if entry.status == "unprobed":
-                seconds = envs.probe_timeout()
                 try:
-                    with plugin_code(entry.plugin, f"probe of platform {entry.name!r}"):
-                        answer = _call_within(
-                            entry.spec.probe, seconds, f"slotwise-probe-{entry.name}"
-                        )
-                except _ProbeTimeout:
-                    entry.status = "failed"
-                    entry.reason = (
-                        f"probe timed out after {seconds:g} s; if the probe is only slow, "
-                        "raise SLOTWISE_PROBE_TIMEOUT"
+                    answer = call_plugin_code(
+                        entry.plugin,
+                        f"probe of platform {entry.name!r}",
+                        entry.spec.probe,
+                        limit_s=envs.probe_timeout(),
+                        variable="SLOTWISE_PROBE_TIMEOUT",
                     )
-                    self.manager.fail(entry.plugin, f"platform {entry.name!r}: {entry.reason}")
-                    return False
                 except Exception as exc:  # noqa: BLE001 - a broken probe is a broken plugin
                     entry.status = "failed"
-                    entry.reason = f"probe raised {type(exc).__name__}: {exc}"
+                    entry.reason = f"probe {outcome(exc)}"
                     self.manager.fail(entry.plugin, f"platform {entry.name!r}: {entry.reason}")
                     return False
                 if answer is True:
@@ -282,36 +272,6 @@ class PlatformResolver:
         return rows
 
 
-class _ProbeTimeout(Exception):
-    """A probe did not return in time (private: a probe's own TimeoutError is an error)."""
-
-
-def _call_within(func: Callable[[], Any], seconds: float, thread_name: str) -> Any:
-    """``func()``, run in a daemon thread and abandoned after ``seconds``.
-
-    A hung probe cannot be killed, only left behind: as a daemon thread it never keeps
-    the process from exiting.  Whatever ``func`` raises, interrupts included, is raised
-    here in the caller's thread.
-    """
-    outcome: list[tuple[bool, Any]] = []
-
-    def target() -> None:
-        try:
-            outcome.append((True, func()))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-            outcome.append((False, exc))
-
-    thread = threading.Thread(target=target, name=thread_name, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if not outcome:
-        raise _ProbeTimeout
-    returned, value = outcome[0]
-    if not returned:
-        raise value
-    return value
-
-
 def _check_specs(specs: Any) -> str:
     """Why ``specs`` is not a valid hook answer, or "" when it is."""
     if specs is None:
@@ -374,7 +334,7 @@ def get_current_platform() -> Platform:
     """The platform of this process, resolved once; later calls return the same object.
 
     A resolution error is remembered and raised again on every later call; an interrupt
-    (KeyboardInterrupt, SystemExit) is not: the next call tries again.
+    (KeyboardInterrupt) is not: the next call tries again.
     """
     global _platform, _error
     if _platform is not None:

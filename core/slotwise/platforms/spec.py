@@ -10,7 +10,9 @@ from slotwise.import_path import check_import_path
 from slotwise.platforms.api_range import ApiRange
 
 #: What a platform name may be: it is also a module suffix and an environment-variable part.
-PLATFORM_NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
+#: Anchored with \A and \Z (``$`` also matches before a final newline: "cpu\n" would pass),
+#: so ``match`` checks the whole name too.
+PLATFORM_NAME_PATTERN = re.compile(r"\A[a-z][a-z0-9_]*\Z")
 
 _API_EXAMPLE = "'>=1.0,<2'"
 
@@ -33,7 +35,7 @@ class PlatformSpec:
     requires_api: str = ">=1.0,<2"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not PLATFORM_NAME_PATTERN.match(self.name):
+        if not isinstance(self.name, str) or not PLATFORM_NAME_PATTERN.fullmatch(self.name):
             raise ValueError(
                 f"PlatformSpec.name {self.name!r} must be lower-case letters, digits and "
                 "underscores, starting with a letter (e.g. 'myvendor')"

@@ -18,7 +18,9 @@ plugin imports comes from ``slotwise.plugin_api``::
 
 Every hook is optional.  Hooks are called once per process, the first time
 slotwise needs their answer; plugins must not do heavy work (import torch,
-initialise a device) inside them.
+initialise a device) inside them.  Each call (and the plugin's import) runs in a
+thread of its own and may take at most SLOTWISE_PLUGIN_TIMEOUT seconds, after which
+the plugin is skipped (docs/plugin-authors.md, "What slotwise guards against").
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def slotwise_platforms() -> list[PlatformSpec]:
     imported only if the platform is selected, a cheap ``probe`` callable, a
     priority (bundled plugins 0-199: cpu 0, cuda 100, ascend_stub 150; vendor
     accelerators 200 and up) and the range of ``slotwise.API_VERSION`` it was written for.
+    ``None`` or ``[]``: the plugin offers no platform.
     """
 
 
@@ -61,8 +64,9 @@ def slotwise_register_attention_backends(registry: AttentionBackendRegistry) -> 
 def slotwise_register_custom_ops(registry: CustomOpRegistry) -> None:
     """Register out-of-tree implementations of ``CustomOp`` subclasses:
     ``registry.register_own("rms_norm", "my_plugin.ops:rms_norm")`` on the platform this
-    plugin declares (``registry.register("rms_norm", "cuda", ...)`` on another's), where
-    the function takes the op module first and then the op's forward arguments.
+    plugin declares (``registry.register("cuda", "rms_norm", ...)`` on another's), where
+    the function takes the op module first and then the op's forward arguments.  Of
+    several replacements of one op the highest ``priority=`` wins.
 
     Lets a plugin replace, e.g., RMSNorm on its platform without any change to
     model code.

@@ -5,25 +5,23 @@ pluggy's own ``load_setuptools_entrypoints`` stops at the first plugin that fail
 import; here every entry point is loaded, registered and called in isolation and
 failures are recorded (and warned about once) per distribution.
 
-Plugin code (imports, hooks, probes) runs inside ``plugin_code``: its prints go to
-stderr, so stdout stays the caller's (``slotwise env --json``), and a change it makes to
-a SLOTWISE_* variable is undone with a warning, so the user's settings stay in force.
+Plugin code (imports, hooks, probes) runs under the guard of ``plugin_code.py``: within
+a time limit, its prints on stderr, its changes to SLOTWISE_* variables undone, its
+``sys.exit()`` a failed plugin.
 """
 
 from __future__ import annotations
 
-import contextlib
 import difflib
+import functools
 import importlib.metadata
 import inspect
 import logging
-import os
-import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Protocol, TextIO, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pluggy
 
@@ -32,6 +30,10 @@ from slotwise.errors import SlotwiseError
 from slotwise.plugins import hookspecs
 from slotwise.plugins.entry_point_loading import load_entry_point
 from slotwise.plugins.markers import ENTRY_POINT_GROUP, PROJECT_NAME
+from slotwise.plugins.plugin_code import PluginCodeError, call_plugin_code, describe, outcome
+
+# The command-line modules import the stdout guard from here.
+from slotwise.plugins.plugin_code import stdout_to_stderr as stdout_to_stderr
 
 logger = logging.getLogger("slotwise")
 
@@ -124,22 +126,37 @@ class PluginManager:
         # importlib.metadata lists a distribution found twice on sys.path (e.g. an
         # editable install plus a source folder) once, the first, as imports find it.
         entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        limit_s = envs.plugin_timeout()
         for ep in sorted(entry_points, key=lambda ep: ep.name):
-            if ep.name in self.records:
+            first = self.records.get(ep.name)
+            if first is not None:
                 # Two distributions declaring one plugin name: the first listed wins.
+                self.warn(first, _same_name_message(ep))
                 continue
             record = PluginRecord(name=ep.name, value=ep.value, dist=ep.dist)
             self.records[ep.name] = record
             if self.allow is not None and ep.name not in self.allow:
                 record.status = "filtered"
-                record.reason = "not in SLOTWISE_PLUGINS=" + ",".join(self.allow)
+                record.reason = (
+                    "not in SLOTWISE_PLUGINS=" + ",".join(self.allow)
+                    if self.allow
+                    else "SLOTWISE_PLUGINS is set but empty, which loads no plugin"
+                )
                 continue
             try:
-                with plugin_code(record, f"import of {ep.value!r}"):
-                    plugin = load_entry_point(ep)
+                plugin = call_plugin_code(
+                    record,
+                    f"import of {ep.value!r}",
+                    functools.partial(load_entry_point, ep),
+                    limit_s=limit_s,
+                    variable="SLOTWISE_PLUGIN_TIMEOUT",
+                )
                 self._pm.register(plugin, name=ep.name)
+            except PluginCodeError as exc:
+                self.fail(record, f"failed to load {ep.value!r}: its import {exc.phrase}")
+                continue
             except Exception as exc:  # noqa: BLE001 - isolation is the point
-                self.fail(record, f"failed to load {ep.value!r}: {_describe(exc)}")
+                self.fail(record, f"failed to load {ep.value!r}: {describe(exc)}")
                 continue
             unknown = [
                 caller.name
@@ -254,6 +271,7 @@ class PluginManager:
         self, hook_name: str, kwargs_for: Callable[[PluginRecord], dict[str, Any]]
     ) -> list[tuple[PluginRecord, Any]]:
         results = []
+        limit_s = envs.plugin_timeout()
         caller = getattr(self._pm.hook, hook_name)
         # pluggy's own calling order: tryfirst, then the latest registered, then trylast.
         # Wrappers never get here: registration refuses them (see _wrapper_hooks).
@@ -261,12 +279,18 @@ class PluginManager:
             record = self.records[impl.plugin_name]
             if record.status != "loaded":
                 continue
-            arguments = kwargs_for(record)
+            given = kwargs_for(record)
+            arguments = {arg: given[arg] for arg in impl.argnames}
             try:
-                with plugin_code(record, f"hook {hook_name}"):
-                    result = impl.function(**{arg: arguments[arg] for arg in impl.argnames})
-            except Exception as exc:  # noqa: BLE001
-                self.fail(record, f"hook {hook_name} raised {_describe(exc)}")
+                result = call_plugin_code(
+                    record,
+                    f"hook {hook_name}",
+                    functools.partial(impl.function, **arguments),
+                    limit_s=limit_s,
+                    variable="SLOTWISE_PLUGIN_TIMEOUT",
+                )
+            except Exception as exc:  # noqa: BLE001 - isolation is the point
+                self.fail(record, f"hook {hook_name} {outcome(exc)}")
                 continue
             results.append((record, result))
         return results
@@ -285,81 +309,6 @@ class PluginManager:
             "%s; skipped. Fix or uninstall it; SLOTWISE_STRICT_PLUGINS=1 makes this an error.",
             message,
         )
-
-
-@contextlib.contextmanager
-def plugin_code(record: PluginRecord, action: str) -> Iterator[None]:
-    """Run plugin code (``action``, e.g. "hook slotwise_platforms") under guard.
-
-    stdout goes to stderr; SLOTWISE_* variables the code changes are put back, with a
-    warning; an interrupt (KeyboardInterrupt, SystemExit) goes through, never swallowed
-    and never silent: the log names the plugin that was running.
-    """
-    before = envs.settings()
-    try:
-        with stdout_to_stderr():
-            yield
-    except Exception:
-        raise
-    except BaseException as exc:
-        logger.error("%s interrupted by %s during %s", record.label, _describe(exc), action)
-        raise
-    finally:
-        _restore_settings(record, action, before)
-
-
-def _restore_settings(record: PluginRecord, action: str, before: dict[str, str]) -> None:
-    after = envs.settings()
-    for name in sorted(before.keys() | after.keys()):
-        if before.get(name) == after.get(name):
-            continue
-        logger.warning(
-            "%s changed %s from %s to %s during %s; slotwise put back the user's value. "
-            "Plugins must not change SLOTWISE_* variables: fix or uninstall the plugin.",
-            record.label,
-            name,
-            _shown(before.get(name)),
-            _shown(after.get(name)),
-            action,
-        )
-        if name in before:
-            os.environ[name] = before[name]
-        else:
-            del os.environ[name]
-
-
-def _shown(value: str | None) -> str:
-    return "unset" if value is None else repr(value)
-
-
-_stdout_lock = threading.Lock()
-_stdout_users = 0
-_stdout_saved: TextIO | None = None
-
-
-@contextlib.contextmanager
-def stdout_to_stderr() -> Iterator[None]:
-    """``sys.stdout`` is ``sys.stderr`` inside, for as long as any thread is inside.
-
-    Unlike ``contextlib.redirect_stdout``, safe when threads enter and leave in any
-    order: the first in swaps stdout, the last out puts it back.
-    """
-    global _stdout_users, _stdout_saved
-    with _stdout_lock:
-        if _stdout_users == 0:
-            _stdout_saved, sys.stdout = sys.stdout, sys.stderr
-        _stdout_users += 1
-    try:
-        yield
-    finally:
-        with _stdout_lock:
-            _stdout_users -= 1
-            if _stdout_users == 0:
-                sys.stdout, _stdout_saved = _stdout_saved, None
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _known_hooks() -> list[str]:
@@ -418,6 +367,15 @@ def _wrapper_hooks_message(hooks: list[str]) -> str:
 def _package(obj: Any) -> str:
     module = obj.__name__ if inspect.ismodule(obj) else getattr(obj, "__module__", None)
     return (module or "").partition(".")[0]
+
+
+def _same_name_message(ep: importlib.metadata.EntryPoint) -> str:
+    other = PluginRecord(name=ep.name, value=ep.value, dist=ep.dist)
+    return (
+        f"shares its name with the plugin of distribution {other.distribution} "
+        f"{other.version} ({ep.value!r}), which slotwise therefore does not load; uninstall "
+        "one of the two distributions, or rename one's entry point"
+    )
 
 
 def _undeclared_platform_message(platform: str, what: str, known: list[str]) -> str:

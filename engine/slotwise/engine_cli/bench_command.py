@@ -74,9 +74,10 @@ def add_parser(commands: Any, name: str) -> None:
         "--variants",
         default=None,
         help="comma-separated subset of: eager, level3, level3+graphs (piecewise), "
-        "level3+full_graphs (full graphs for decodes), torch.compile, "
-        "torch.compile:reduce-overhead (default: eager, level3, level3+graphs where the "
-        "platform has static graphs, torch.compile)",
+        "level3+full_graphs (full graphs for decodes), torch.compile (with the platform's "
+        "default compile backend), torch.compile:reduce-overhead (Inductor only) (default: "
+        "eager, level3, level3+graphs where the platform has static graphs, torch.compile "
+        "where it can compile)",
     )
     parser.add_argument(
         "--prompt-len",
@@ -202,6 +203,8 @@ def render(result: dict[str, Any]) -> str:
         + ("" if load is None else f", load average {load[0]:.1f} to {load[1]:.1f}")
     )
     title += "\ndefault graph mode {mode}: {reason}".format_map(result["default_graph_mode"])
+    for name, reason in result["skipped_variants"].items():
+        title += f"\nvariant {name} skipped: {reason}"
     return title + "\n" + format_table(header, rows)
 
 

@@ -142,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
 
         rank = init_distributed(tensor_parallel_size=args.tp).rank
     try:
+        if args.tp > 1:
+            check_tensor_parallel_ranks(args, sampling, tokenizer, prompts)
         completions = _generate(args, config, sampling, tokenizer, prompts, show=rank == 0)
     finally:
         if args.tp > 1:
@@ -154,6 +156,30 @@ def run(args: argparse.Namespace) -> int:
                 print(json.dumps(as_json(text, completion, tokenizer), ensure_ascii=False))
         print(summary(completions), file=sys.stderr)
     return 0
+
+
+def check_tensor_parallel_ranks(
+    args: argparse.Namespace,
+    sampling: SamplingParams,
+    tokenizer: Tokenizer,
+    prompts: list[list[int]],
+) -> None:
+    """Stop every rank with one error, before anything is loaded, unless all ranks of
+    the tensor-parallel group hold the same checkpoint, versions and request: one
+    collective that names everything that differs (load_model and generate check their
+    part again, for library callers)."""
+    from slotwise.distributed import check_ranks_agree, get_tp_communicator
+    from slotwise.models.checkpoint_agreement import checkpoint_facts
+    from slotwise.runner.request_agreement import request_facts
+
+    request = request_facts(
+        prompts,
+        sampling,
+        max_new_tokens=args.max_new_tokens,
+        eos_token_ids=tokenizer.eos_token_ids,
+        ignore_eos=args.ignore_eos,
+    )
+    check_ranks_agree(get_tp_communicator(), [*checkpoint_facts(Path(args.model)), *request])
 
 
 def encode(tokenizer: Tokenizer, text: str, *, chat: bool) -> list[int]:
@@ -202,6 +228,7 @@ def _generate(
         eos_token_ids=tokenizer.eos_token_ids or model.config.eos_token_ids,
         ignore_eos=args.ignore_eos,
         on_step=printer if show and not args.json else None,
+        checkpoint=args.model,
     )
 
 

@@ -2,10 +2,14 @@
 checked in one place before anything is built.
 
 Field names and defaults are transformers' (``rms_norm_eps`` 1e-6, ``head_dim``
-hidden_size / num_attention_heads, ...).  RoPE comes in two forms: transformers 5
-writes ``rope_parameters`` (with ``rope_theta`` inside), older checkpoints have a
-top-level ``rope_theta`` and ``rope_scaling``; both are read.  ``llama_config`` is
-the one validation of a Llama-family config: every field's type and range and the
+hidden_size / num_attention_heads, ...); where a family's config class reads a key
+its own way (Qwen3's ``head_dim`` 128, Mistral's sliding window), ``FamilyRules``
+says so.  RoPE comes in two forms: transformers 5 writes ``rope_parameters`` (with
+``rope_theta`` inside), older checkpoints have a top-level ``rope_theta`` and
+``rope_scaling``; both are read, and where keys overlap the one transformers 5 uses
+wins (``rope_scaling`` over ``rope_parameters``, a top-level
+``original_max_position_embeddings`` over the one inside).  ``llama_config`` is the
+one validation of a Llama-family config: every field's type and range and the
 relations between fields.  Each failure is one ``CheckpointError`` naming
 config.json, the field, its value and what is allowed.
 """
@@ -17,8 +21,9 @@ import logging
 import math
 import os
 import reprlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -65,6 +70,35 @@ def read_config_text(path: Path) -> bytes:
     folder (or a blob of its Hugging Face cache), never a device, a FIFO or a file
     elsewhere."""
     return read_model_file(path.parent, path.name, limit=MAX_CONFIG_BYTES)
+
+
+#: transformers' window where a sliding-window family's config.json has no
+#: ``sliding_window`` key (null means no window).
+DEFAULT_SLIDING_WINDOW = 4096
+
+
+@dataclass(frozen=True)
+class FamilyRules:
+    """How one family's transformers config class reads the keys it reads its own way."""
+
+    #: ``num_key_value_heads`` where the key is absent (None: num_attention_heads).
+    num_kv_heads: int | None = None
+    #: ``head_dim`` where the key is absent (None: hidden_size / num_attention_heads).
+    head_dim: int | None = None
+    #: Which layers attend to a ``sliding_window`` (null: none):
+    #: ``"layer_types"``: those ``layer_types`` marks ``sliding_attention``, all where
+    #: it is absent; no window where ``sliding_window`` is absent.  Llama's model has
+    #: no window, but transformers' KV cache keeps only the last ``sliding_window``
+    #: tokens of those layers, so its decoding past the window attends to one.
+    #: ``"every_layer"`` (Mistral): all, 4096 where ``sliding_window`` is absent;
+    #: where ``layer_types`` is present, transformers reads the config as Ministral's,
+    #: whose layers slide as ``layer_types`` says.
+    #: ``"per_layer"`` (Qwen2/Qwen3): none unless ``use_sliding_window``; then those
+    #: ``layer_types`` marks, else those from ``max_window_layers`` on (4096 where
+    #: ``sliding_window`` is absent).
+    sliding_window: Literal["layer_types", "every_layer", "per_layer"] = "layer_types"
+    #: ``max_window_layers`` where the key is absent (``"per_layer"`` only).
+    max_window_layers: int = 28
 
 
 class HFConfig:
@@ -172,21 +206,22 @@ class HFConfig:
         return tuple(ids)
 
     def rope(self, max_position: int) -> tuple[float, RopeScaling | None]:
-        """``(rope_theta, scaling)`` from either config form; None scaling for "default".
+        """``(rope_theta, scaling)`` as transformers 5 derives them from either config
+        form; None scaling for "default".
 
         ``max_position`` is ``max_position_embeddings``, the default of
         ``original_max_position_embeddings`` as in transformers.
         """
-        key = "rope_parameters" if self.get("rope_parameters") is not None else "rope_scaling"
-        params = self.get(key, {})
-        if not isinstance(params, dict):
-            raise self.invalid(key, params, "a JSON object (rope_type, rope_theta, factor, ...)")
+        key, params = self._rope_object()
         if any(isinstance(value, dict) for value in params.values()):
             raise self.error(
                 f"{key} differ per layer type; slotwise supports one RoPE for all layers"
             )
         rope = _RopeFields(self, key, params)
-        theta = rope.number("rope_theta", self.number("rope_theta", 10000.0, above=1.0), 1.0)
+        if params.get("rope_theta") is not None:  # inside the object, it wins
+            theta = rope.number("rope_theta", _REQUIRED, 1.0)
+        else:
+            theta = self.number("rope_theta", 10000.0, above=1.0)
         partial = params.get("partial_rotary_factor", self.get("partial_rotary_factor", 1.0))
         if partial != 1.0 or isinstance(partial, bool):
             raise self.error(
@@ -207,17 +242,60 @@ class HFConfig:
                 rope.number("factor", _REQUIRED, 1.0, inclusive=True),
                 low,
                 high,
-                rope.integer("original_max_position_embeddings", max_position),
+                self._original_context(rope, max_position),
             )
         if rope_type == "yarn":
-            return theta, _yarn(rope, max_position)
+            return theta, _yarn(rope, self._original_context(rope, max_position))
         raise self.error(
             f"rope type {_shown.repr(rope_type)} is not supported; slotwise implements "
             "'default', 'linear', 'llama3', 'dynamic' and 'yarn' (a checkpoint using another "
             "would give wrong logits, so it is refused)"
         )
 
-    def max_position(self, num_layers: int, context: int | None = None) -> int:
+    def _rope_object(self) -> tuple[str, dict[str, Any]]:
+        """The key and value of the RoPE object transformers 5 uses: ``rope_scaling``
+        where it is a non-empty object (it replaces ``rope_parameters`` whole,
+        ``rope_theta`` included), else ``rope_parameters``."""
+        objects = {}
+        for key in ("rope_scaling", "rope_parameters"):
+            value = self.get(key, {})
+            if not isinstance(value, dict):
+                raise self.invalid(key, value, "a JSON object (rope_type, rope_theta, factor, ...)")
+            objects[key] = value
+        scaling, parameters = objects["rope_scaling"], objects["rope_parameters"]
+        if not scaling:
+            return "rope_parameters", parameters
+        if parameters and parameters != scaling:
+            logger.warning(
+                "%s: both rope_scaling and rope_parameters describe RoPE; as in transformers, "
+                "rope_scaling is used and rope_parameters ignored (rope_theta comes from "
+                "rope_scaling, else the top-level rope_theta, else 10000); keep one of the keys",
+                self.path,
+            )
+        return "rope_scaling", scaling
+
+    def _original_context(self, rope: _RopeFields, max_position: int) -> int:
+        """``original_max_position_embeddings`` of llama3 and yarn RoPE: a top-level key
+        overrides the one inside the RoPE object (transformers' ``standardize_rope_params``
+        does so when the model is built), which defaults to ``max_position``."""
+        key = "original_max_position_embeddings"
+        if self.get(key) is None:
+            return rope.integer(key, max_position)
+        outside = self.integer(key, high=MAX_CONTEXT)
+        inside = rope.params.get(key)
+        if inside is not None and inside != outside:
+            logger.warning(
+                "%s: %s is %d at the top level and %s inside %s; as in transformers, the "
+                "top-level value is used; keep one of the keys",
+                self.path,
+                key,
+                outside,
+                _shown.repr(inside),
+                rope.key,
+            )
+        return outside
+
+    def max_position(self, num_layers: int, rules: FamilyRules, context: int | None = None) -> int:
         """The context served: ``context`` (default ``max_position_embeddings``), cut to
         the sliding window where layers use one.
 
@@ -225,7 +303,7 @@ class HFConfig:
         most W tokens, so capping the length keeps every accepted request exact.
         """
         max_position = context or self.integer("max_position_embeddings")
-        window = self._sliding_window(num_layers)
+        window = self.sliding_window(num_layers, rules)
         if window is not None and window < max_position:
             logger.warning(
                 "%s: layers attend to a sliding window of %d tokens, which slotwise does not "
@@ -239,30 +317,57 @@ class HFConfig:
             return window
         return max_position
 
-    def _sliding_window(self, num_layers: int) -> int | None:
-        if self.get("sliding_window") is None:
+    def sliding_window(self, num_layers: int, rules: FamilyRules) -> int | None:
+        """The window some layer attends to in the family's transformers model; None
+        where every layer attends to all tokens."""
+        per_layer = rules.sliding_window == "per_layer"
+        use = self.flag("use_sliding_window", False) if per_layer else True
+        default = None if rules.sliding_window == "layer_types" else DEFAULT_SLIDING_WINDOW
+        window = self._window(default) if use else None
+        layer_types = self._layer_types(num_layers)
+        if layer_types is None:
+            if not per_layer or window is None:
+                return window
+            first = self.integer("max_window_layers", rules.max_window_layers, low=0, high=1 << 20)
+            return window if first < num_layers else None  # the layers from first on slide
+        if "sliding_attention" not in layer_types:
             return None
-        window = self.integer("sliding_window", high=MAX_CONTEXT)
+        if window is None:
+            cause, fix = (
+                ("use_sliding_window is not true", "set use_sliding_window to true")
+                if not use
+                else ("sliding_window is not set", "set sliding_window")
+            )
+            raise self.error(
+                f"layer_types lists sliding_attention layers but {cause}, so transformers "
+                f"has no window for them (and fails); {fix}, or list only full_attention layers"
+            )
+        return window
+
+    def _window(self, default: int | None) -> int | None:
+        """``sliding_window``: ``default`` where the key is absent, none where null."""
+        if "sliding_window" not in self.data:
+            return default
+        if self.data["sliding_window"] is None:
+            return None
+        return self.integer("sliding_window", high=MAX_CONTEXT)
+
+    def _layer_types(self, num_layers: int) -> list[str] | None:
+        """transformers 5's ``layer_types``: each layer's kind, spelled out."""
         layer_types = self.get("layer_types")
-        if layer_types is not None:  # transformers 5 spells out each layer's kind
-            kinds = ("full_attention", "sliding_attention")
-            if (
-                not isinstance(layer_types, list)
-                or len(layer_types) != num_layers
-                or not all(isinstance(kind, str) and kind in kinds for kind in layer_types)
-            ):
-                raise self.invalid(
-                    "layer_types",
-                    layer_types,
-                    f"a list of num_hidden_layers ({num_layers}) entries, each "
-                    "'full_attention' or 'sliding_attention'",
-                )
-            return window if "sliding_attention" in layer_types else None
-        if "use_sliding_window" in self.data:  # Qwen2/Qwen3: layers from max_window_layers
-            use = self.flag("use_sliding_window", False)
-            first = self.integer("max_window_layers", 0, low=0, high=1 << 20)
-            return window if use and first < num_layers else None
-        return window  # Mistral: every layer
+        kinds = ("full_attention", "sliding_attention")
+        if layer_types is not None and (
+            not isinstance(layer_types, list)
+            or len(layer_types) != num_layers
+            or not all(isinstance(kind, str) and kind in kinds for kind in layer_types)
+        ):
+            raise self.invalid(
+                "layer_types",
+                layer_types,
+                f"a list of num_hidden_layers ({num_layers}) entries, each "
+                "'full_attention' or 'sliding_attention'",
+            )
+        return layer_types
 
 
 class _RopeFields:
@@ -305,7 +410,7 @@ class _RopeFields:
         return self.number(field, None, 0.0)
 
 
-def _yarn(rope: _RopeFields, max_position: int) -> RopeScaling:
+def _yarn(rope: _RopeFields, original_max_position: int) -> RopeScaling:
     factor = rope.number("factor", _REQUIRED, 1.0, inclusive=True)
     beta_fast = rope.optional("beta_fast") or 32.0
     beta_slow = rope.optional("beta_slow") or 1.0
@@ -323,7 +428,7 @@ def _yarn(rope: _RopeFields, max_position: int) -> RopeScaling:
     return RopeScaling(
         "yarn",
         factor,
-        original_max_position=rope.integer("original_max_position_embeddings", max_position),
+        original_max_position=original_max_position,
         beta_fast=beta_fast,
         beta_slow=beta_slow,
         truncate=rope.flag("truncate", True),
@@ -372,9 +477,9 @@ def _nesting(raw: bytes) -> int:
     return deepest
 
 
-def llama_config(hf: HFConfig) -> LlamaConfig:
-    """The ``LlamaConfig`` of a Llama-family config.json, every field and relation
-    checked before anything is built."""
+def llama_config(hf: HFConfig, rules: FamilyRules = FamilyRules()) -> LlamaConfig:
+    """The ``LlamaConfig`` of a Llama-family config.json, read by the family's
+    ``rules``, every field and relation checked before anything is built."""
     act = hf.get("hidden_act", "silu")
     if act != "silu":
         raise hf.invalid("hidden_act", act, "'silu', the only activation slotwise implements")
@@ -383,7 +488,15 @@ def llama_config(hf: HFConfig) -> LlamaConfig:
     vocab_size = hf.integer("vocab_size")
     hidden_size = hf.integer("hidden_size")
     num_heads = hf.integer("num_attention_heads")
-    num_kv_heads = hf.integer("num_key_value_heads", num_heads)
+    # transformers: the family's default where the key is absent, num_heads where null
+    absent = "num_key_value_heads" not in hf.data and rules.num_kv_heads is not None
+    num_kv_heads = hf.integer("num_key_value_heads", rules.num_kv_heads if absent else num_heads)
+    if num_heads % num_kv_heads and absent:
+        raise hf.error(
+            f"field 'num_key_value_heads' is missing, and this family's default "
+            f"({num_kv_heads}, as in transformers) does not divide num_attention_heads "
+            f"({num_heads}); set num_key_value_heads"
+        )
     if num_heads % num_kv_heads:
         raise hf.invalid(
             "num_key_value_heads",
@@ -391,13 +504,13 @@ def llama_config(hf: HFConfig) -> LlamaConfig:
             f"a divisor of num_attention_heads ({num_heads}): each KV head serves as many "
             "query heads",
         )
-    head_dim = hf.get("head_dim")
+    head_dim = hf.integer("head_dim") if hf.get("head_dim") is not None else rules.head_dim
     if head_dim is None and hidden_size % num_heads:
         raise hf.error(
             f"hidden_size ({hidden_size}) is not a multiple of num_attention_heads "
             f"({num_heads}); set head_dim, or fix either field"
         )
-    head_size = hf.integer("head_dim") if head_dim is not None else hidden_size // num_heads
+    head_size = head_dim if head_dim is not None else hidden_size // num_heads
     if head_size % 2:
         key = "head_dim" if head_dim is not None else "hidden_size / num_attention_heads"
         raise hf.invalid(key, head_size, "an even head size: RoPE rotates pairs of elements")
@@ -407,7 +520,7 @@ def llama_config(hf: HFConfig) -> LlamaConfig:
     if rope_scaling is not None and rope_scaling.length_dependent and head_size <= 2:
         raise hf.invalid("head_dim", head_size, "at least 4 for 'dynamic' RoPE scaling")
     context = _context(declared, rope_scaling)
-    max_position = hf.max_position(num_layers, context)
+    max_position = hf.max_position(num_layers, rules, context)
     attention_bias = hf.flag("attention_bias", False)
     bos = hf.token_ids("bos_token_id")
     return LlamaConfig(
@@ -422,7 +535,7 @@ def llama_config(hf: HFConfig) -> LlamaConfig:
         rope_scaling=rope_scaling,
         rms_norm_eps=hf.number("rms_norm_eps", 1e-6, above=_FLOAT32_TINY),
         tie_word_embeddings=hf.flag("tie_word_embeddings", False),
-        head_dim=head_size if head_dim is not None else None,
+        head_dim=head_dim,
         qkv_bias=attention_bias,
         o_proj_bias=attention_bias,
         mlp_bias=hf.flag("mlp_bias", False),

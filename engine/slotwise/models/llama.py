@@ -32,8 +32,9 @@ from slotwise.layers.activation import SiluAndMul
 from slotwise.layers.layernorm import RMSNorm
 from slotwise.layers.logits import LogitsHead
 from slotwise.layers.rotary_embedding import RotaryEmbedding
-from slotwise.models.hf_config import HFConfig, llama_config
+from slotwise.models.hf_config import FamilyRules, HFConfig, llama_config
 from slotwise.models.llama_config import LlamaConfig
+from slotwise.platforms import get_current_platform
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -197,6 +198,10 @@ class LlamaForCausalLM(nn.Module):
         "qkv_proj": ("q_proj", "k_proj", "v_proj"),
         "gate_up_proj": ("gate_proj", "up_proj"),
     }
+    #: With ``tie_word_embeddings``: the LM head's tensor and the embedding's it shares.
+    tied_tensors: ClassVar[tuple[str, str]] = ("lm_head.weight", "model.embed_tokens.weight")
+    #: How the family's transformers config class reads config.json (Llama: as is).
+    family_rules: ClassVar[FamilyRules] = FamilyRules()
 
     def __init__(self, config: LlamaConfig, *, prefix: str | None = None) -> None:
         super().__init__()
@@ -224,13 +229,13 @@ class LlamaForCausalLM(nn.Module):
     @classmethod
     def config_from_hf(cls, hf: HFConfig) -> LlamaConfig:
         """The config of transformers' ``LlamaForCausalLM``, checked whole by
-        ``llama_config``; subclasses adjust it."""
-        return llama_config(hf)
+        ``llama_config`` under the class's ``family_rules``; subclasses adjust it."""
+        return llama_config(hf, cls.family_rules)
 
     def is_redundant_tensor(self, name: str) -> bool:
         """Checkpoint tensors the model derives rather than loads: rotary tables some
         exports include, and the LM head of tied embeddings."""
-        tied = self.config.tie_word_embeddings and name == "lm_head.weight"
+        tied = self.config.tie_word_embeddings and name == self.tied_tensors[0]
         return tied or name.endswith("rotary_emb.inv_freq")
 
     @classmethod
@@ -239,16 +244,17 @@ class LlamaForCausalLM(nn.Module):
         config: LlamaConfig,
         *,
         dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
+        device: torch.device | str | None = None,
         compilation_config: object = None,
         prefix: str | None = None,
     ) -> Self:
-        """The model with uninitialised weights in ``dtype`` on ``device``: built on the
-        meta device, then given memory, so nothing is drawn that loading overwrites."""
+        """The model with uninitialised weights in ``dtype`` on ``device`` (default: the
+        current platform's): built on the meta device, then given memory, so nothing is
+        drawn that loading overwrites."""
         model = cls.on_meta(
             config, dtype=dtype, compilation_config=compilation_config, prefix=prefix
         )
-        return model.materialize(device)
+        return model.materialize(device or get_current_platform().device_type)
 
     @classmethod
     def on_meta(
@@ -303,11 +309,12 @@ def build_llama(
     *,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
-    device: torch.device | str = "cpu",
+    device: torch.device | str | None = None,
     compilation_config: object = None,
     prefix: str | None = None,
 ) -> LlamaForCausalLM:
-    """A model of ``preset`` with weights drawn from ``seed`` (normal, std 0.02)."""
+    """A model of ``preset`` with weights drawn from ``seed`` (normal, std 0.02) on
+    ``device`` (default: the current platform's, where ``ModelRunner`` runs it)."""
     if isinstance(preset, str):
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")

@@ -11,6 +11,7 @@ checkpoint fails before any is read, with one ``CheckpointError``.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,6 +23,7 @@ from slotwise.attention.selector import AttentionBackendError
 from slotwise.distributed import state as distributed_state
 from slotwise.distributed.parallel_layers import Sliceable
 from slotwise.models.checkpoint import FLOAT_DTYPES, Checkpoint, CheckpointTensor
+from slotwise.models.checkpoint_agreement import check_checkpoint_agreement
 from slotwise.models.errors import CheckpointError
 from slotwise.models.hf_config import DTYPES, HFConfig
 from slotwise.models.llama import LlamaConfig, LlamaForCausalLM
@@ -29,6 +31,9 @@ from slotwise.models.registry import model_class
 from slotwise.platforms import get_current_platform
 
 logger = logging.getLogger("slotwise")
+
+#: Elements of each tensor held at once while two checkpoint tensors are compared.
+_COMPARED_ELEMENTS = 1 << 22
 
 
 def load_model(
@@ -49,12 +54,14 @@ def load_model(
     """
     start = time.perf_counter()
     folder = Path(path)
+    check_checkpoint_agreement(folder)  # first: the ranks' shapes may differ
     hf = HFConfig.read(folder)
     cls = model_class(hf)
     config = _served(cls.config_from_hf(hf), max_model_len, hf)
     dtype = _model_dtype(dtype, hf)
     _check_tensor_parallel(hf, config)
     with Checkpoint(folder) as checkpoint:
+        config = _tied_as_stored(config, cls, checkpoint, dtype)
         try:
             model = cls.on_meta(config, dtype=dtype, compilation_config=compilation_config)
         except AttentionBackendError as exc:
@@ -97,10 +104,48 @@ def _served(config: LlamaConfig, max_model_len: int | None, hf: HFConfig) -> Lla
     return replace(config, max_position=max_model_len)
 
 
+def _tied_as_stored(
+    config: LlamaConfig, cls: type[LlamaForCausalLM], checkpoint: Checkpoint, dtype: torch.dtype
+) -> LlamaConfig:
+    """``config`` untied where the checkpoint stores an LM head unlike the embeddings.
+
+    transformers ties the two (``tie_word_embeddings``) only where the checkpoint
+    stores at most one of them, or both with equal values in the model's dtype;
+    otherwise each keeps its own, and so does slotwise, with one warning.
+    """
+    head, embeddings = cls.tied_tensors
+    if not config.tie_word_embeddings or not {head, embeddings} <= checkpoint.files.keys():
+        return config
+    if _equal_tensors(checkpoint, head, embeddings, dtype):
+        return config
+    logger.warning(
+        "%s: config.json ties the LM head to the embeddings (tie_word_embeddings), but the "
+        "checkpoint stores an %s unlike %s; as in transformers, each keeps its own weights "
+        "(set tie_word_embeddings to false to say so)",
+        checkpoint.folder,
+        head,
+        embeddings,
+    )
+    return replace(config, tie_word_embeddings=False)
+
+
+def _equal_tensors(checkpoint: Checkpoint, first: str, second: str, dtype: torch.dtype) -> bool:
+    """Whether two checkpoint tensors hold the same values in ``dtype``, compared a
+    block of rows at a time so no whole copy of either is made."""
+    a, b = checkpoint.tensor(first), checkpoint.tensor(second)
+    if a.shape != b.shape or not a.shape or not {a.dtype, b.dtype} <= set(FLOAT_DTYPES):
+        return False  # check_weights names the tensor that is wrong
+    rows = max(1, _COMPARED_ELEMENTS // max(1, math.prod(a.shape[1:])))
+    return all(
+        torch.equal(a[start : start + rows].to(dtype), b[start : start + rows].to(dtype))
+        for start in range(0, a.shape[0], rows)
+    )
+
+
 def check_weights(model: LlamaForCausalLM, checkpoint: Checkpoint) -> None:
     """Check every tensor's name, shape and dtype from the file headers alone; ``model``
     may still be on the meta device."""
-    targets = _targets(model)
+    targets = _targets(model, checkpoint)
     _check_names(model, checkpoint, targets)
     for name, target in targets.items():
         _check_tensor(checkpoint.tensor(name), target.shape())
@@ -110,7 +155,7 @@ def load_weights(model: LlamaForCausalLM, checkpoint: Checkpoint) -> None:
     """Fill every parameter of ``model`` from ``checkpoint``: all tensors are checked
     first, then each is read, this rank's slice only."""
     check_weights(model, checkpoint)
-    targets = _targets(model)
+    targets = _targets(model, checkpoint)
     tensors = {name: checkpoint.tensor(name) for name in checkpoint.files}
     with torch.no_grad():
         for name in sorted(targets, key=lambda n: (checkpoint.files[n], n)):
@@ -138,9 +183,10 @@ class _Target:
             getattr(self.module, self.param).copy_(tensor[:])
 
 
-def _targets(model: LlamaForCausalLM) -> dict[str, _Target]:
+def _targets(model: LlamaForCausalLM, checkpoint: Checkpoint) -> dict[str, _Target]:
     """The checkpoint name of every parameter (each fused one under its parts' names);
-    a tied parameter is named once, by the module that comes first."""
+    a tied parameter is named once, by the module that comes first, unless only the
+    other's tensor is stored (transformers then ties to that one)."""
     targets: dict[str, _Target] = {}
     seen: set[int] = set()
     for module_name, module in model.named_modules():
@@ -152,6 +198,10 @@ def _targets(model: LlamaForCausalLM) -> dict[str, _Target]:
             for part, part_leaf in enumerate(model.fused_modules.get(leaf, (leaf,))):
                 name = ".".join(filter(None, (parent, part_leaf, param_name)))
                 targets[name] = _Target(module, param_name, part)
+    head, embeddings = model.tied_tensors
+    stored = checkpoint.files
+    if model.config.tie_word_embeddings and embeddings not in stored and head in stored:
+        targets[head] = targets.pop(embeddings)
     return targets
 
 

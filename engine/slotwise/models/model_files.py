@@ -8,14 +8,17 @@ regular file inside the model folder or, for a snapshot of the Hugging Face cach
 (``.../snapshots/<revision>/``), to a blob of the same repository
 (``.../blobs/<hash>``): the links the hub client makes.  Each kind of file has a
 size limit, checked on the open descriptor, so a file swapped or grown after the
-checks is refused all the same.
+checks is refused all the same.  A file the user cannot read is refused with a message
+that says "permission denied", never one that calls the file corrupt.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from slotwise.models.errors import CheckpointError
 
@@ -35,18 +38,29 @@ _KINDS = (
 )
 
 
+def model_file_exists(folder: Path, name: str) -> bool:
+    """Whether the model folder has an entry ``name`` (a dangling link counts: reading
+    it names the problem); a folder that cannot be searched is an error, not a "no"."""
+    path = Path(folder) / name
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise CheckpointError(_unreadable(path, exc, "looked up")) from exc
+    return True
+
+
 def model_file(folder: Path, name: str) -> Path:
     """The real path of ``folder / name``, once it is known to be a regular file of the
-    model (for files slotwise memory-maps, such as safetensors files)."""
+    model."""
     path = Path(folder) / name
     try:
         target = Path(os.path.realpath(path, strict=True))
     except FileNotFoundError:
         raise CheckpointError(_missing(path)) from None
     except OSError as exc:  # a symlink loop, a folder that cannot be searched
-        raise CheckpointError(
-            f"{path}: cannot be resolved ({exc.strerror}); replace it with the file itself"
-        ) from exc
+        raise CheckpointError(_unreadable(path, exc, "resolved")) from exc
     if not _belongs(target, Path(os.path.realpath(folder))):
         raise CheckpointError(
             f"{path}: resolves to {target}, outside the model folder {folder}; slotwise reads "
@@ -57,27 +71,60 @@ def model_file(folder: Path, name: str) -> Path:
     return target
 
 
-def read_model_file(folder: Path, name: str, *, limit: int) -> bytes:
-    """The bytes of ``folder / name``, a regular file of the model of at most ``limit``
-    bytes.  Opened non-blocking, so a FIFO swapped in after the checks never blocks."""
+def open_model_file(folder: Path, name: str) -> int:
+    """A read-only descriptor of ``folder / name``, a regular file of the model (checked
+    on the descriptor).  Opened non-blocking, so a FIFO swapped in after the checks
+    never blocks; the caller closes it."""
     path = Path(folder) / name
     target = model_file(folder, name)
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         descriptor = os.open(target, flags)
     except OSError as exc:
-        raise CheckpointError(
-            f"{path}: cannot be opened ({exc.strerror}); make it readable or download it again"
-        ) from exc
-    with os.fdopen(descriptor, "rb") as file:
-        status = os.fstat(descriptor)
-        _require_regular(path, target, status.st_mode)
-        if status.st_size > limit:
-            raise _too_large(path, status.st_size, limit)
-        data = file.read(limit + 1)
+        raise CheckpointError(_unreadable(path, exc, "opened")) from exc
+    try:
+        _require_regular(path, target, os.fstat(descriptor).st_mode)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
+
+
+def read_model_file(folder: Path, name: str, *, limit: int) -> bytes:
+    """The bytes of ``folder / name``, a regular file of the model of at most ``limit``
+    bytes."""
+    path = Path(folder) / name
+    with os.fdopen(open_model_file(folder, name), "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        if size > limit:
+            raise _too_large(path, size, limit)
+        try:
+            data = file.read(limit + 1)
+        except OSError as exc:
+            raise CheckpointError(_unreadable(path, exc, "read")) from exc
     if len(data) > limit:  # it grew after the check
         raise _too_large(path, len(data), limit)
     return data
+
+
+def read_model_json(folder: Path, name: str, *, limit: int) -> Any:
+    """The JSON value in ``folder / name``.  Whatever the parser refuses (bad syntax, text
+    that is not UTF-8, nesting too deep, an integer past Python's digit limit) is one
+    CheckpointError naming the file."""
+    path = Path(folder) / name
+    data = read_model_file(folder, name, limit=limit)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        reason = f"not UTF-8 text: {exc}"
+    except json.JSONDecodeError as exc:
+        reason = str(exc)
+    except ValueError as exc:  # json's only other error: an integer past the digit limit
+        # Python's text ends with advice for programmers (sys.set_int_max_str_digits).
+        reason = f"an integer too long to read: {str(exc).partition(';')[0]}"
+    except RecursionError:
+        reason = "it is nested too deeply"
+    raise CheckpointError(f"{path}: not readable JSON ({reason}); download it again")
 
 
 def _belongs(target: Path, folder: Path) -> bool:
@@ -113,3 +160,14 @@ def _missing(path: Path) -> str:
             f"{path}: a link to {os.readlink(path)}, which does not exist; download the model again"
         )
     return f"{path}: missing; download the model again"
+
+
+def _unreadable(path: Path, exc: OSError, action: str) -> str:
+    """Why ``path`` could not be looked up, resolved, opened or read, and the fix."""
+    if isinstance(exc, PermissionError):
+        return (
+            f"{path}: permission denied: it cannot be {action} by this user ({exc.strerror}); "
+            "make the model folder and its files readable for this user (chmod u+rx on "
+            "folders, u+r on files) or run slotwise as a user who can read them"
+        )
+    return f"{path}: cannot be {action} ({exc.strerror or exc}); download the model again"

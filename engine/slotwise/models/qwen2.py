@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import ClassVar
 
+from slotwise.models.hf_config import FamilyRules, HFConfig
 from slotwise.models.llama import LlamaConfig, LlamaForCausalLM
-
-if TYPE_CHECKING:
-    from slotwise.models.hf_config import HFConfig
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
     """transformers' ``Qwen2ForCausalLM``: q/k/v always have a bias, the output
     projection and the MLP never do (its config has no bias fields)."""
+
+    family_rules: ClassVar[FamilyRules] = FamilyRules(num_kv_heads=32, sliding_window="per_layer")
 
     @classmethod
     def config_from_hf(cls, hf: HFConfig) -> LlamaConfig:

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import ClassVar
 
+from slotwise.models.hf_config import FamilyRules, HFConfig
 from slotwise.models.llama import LlamaConfig, LlamaForCausalLM
-
-if TYPE_CHECKING:
-    from slotwise.models.hf_config import HFConfig
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
     """transformers' ``Qwen3ForCausalLM``: ``q_norm``/``k_norm`` normalise each head
-    before the rotation; ``head_dim`` is set on its own (128 where hidden_size /
-    num_attention_heads is 64 or 80); ``attention_bias`` covers q, k, v and o, and
-    the MLP has no bias."""
+    before the rotation; ``head_dim`` is set on its own (128 where config.json has
+    none, as in Qwen3Config); ``attention_bias`` covers q, k, v and o, and the MLP has
+    no bias."""
+
+    family_rules: ClassVar[FamilyRules] = FamilyRules(
+        num_kv_heads=32, head_dim=128, sliding_window="per_layer"
+    )
 
     @classmethod
     def config_from_hf(cls, hf: HFConfig) -> LlamaConfig:

@@ -18,8 +18,6 @@ commands only.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,9 @@ from slotwise.models.model_files import (
     JSON_LIMIT,
     TEMPLATE_LIMIT,
     TOKENIZER_LIMIT,
+    model_file_exists,
     read_model_file,
+    read_model_json,
 )
 
 #: One message of a chat: {"role": "user", "content": "..."}.
@@ -72,7 +72,7 @@ class Tokenizer:
         generation_config.json and chat_template.jinja where present)."""
         folder = Path(folder)
         path = folder / "tokenizer.json"
-        if not os.path.lexists(path):
+        if not model_file_exists(folder, "tokenizer.json"):
             raise CheckpointError(
                 f"{path}: missing; slotwise reads the tokenizer from tokenizer.json, the file "
                 "transformers' fast tokenizers save (save_pretrained writes it)"
@@ -183,16 +183,20 @@ def _chat_template(folder: Path, config: Mapping[str, Any]) -> tuple[str | None,
     """The template and where it was found: chat_template.jinja (transformers 5 saves it
     so), else tokenizer_config.json's ``chat_template``: a string, or a list of named
     templates of which "default"."""
-    if os.path.lexists(folder / "chat_template.jinja"):
+    if model_file_exists(folder, "chat_template.jinja"):
         template = _read_text(folder, "chat_template.jinja", TEMPLATE_LIMIT)
         return template, str(folder / "chat_template.jinja")
+    origin = f"{folder / 'tokenizer_config.json'} (chat_template)"
     template = config.get("chat_template")
     if isinstance(template, list):
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default")
-    if not isinstance(template, str):
+        template = _named_templates(template, origin).get("default")
+    elif template is not None and not isinstance(template, str):
+        raise CheckpointError(
+            f"{origin}: a {_json_type(template)}; a chat template is a string, or a list of "
+            '{"name": ..., "template": ...} objects: download the tokenizer files again'
+        )
+    if template is None:
         return None, None
-    origin = f"{folder / 'tokenizer_config.json'} (chat_template)"
     if len(template) > TEMPLATE_LIMIT:
         raise CheckpointError(
             f"{origin}: {len(template):,} characters, over the {TEMPLATE_LIMIT:,} slotwise "
@@ -212,17 +216,53 @@ def _read_text(folder: Path, name: str, limit: int) -> str:
         ) from exc
 
 
+def _named_templates(entries: list[Any], origin: str) -> dict[str, str]:
+    """A list of named chat templates by name; every entry must be a string pair."""
+    named = {}
+    for number, entry in enumerate(entries):
+        problem = _template_entry_problem(entry)
+        if problem is not None:
+            raise CheckpointError(
+                f"{origin}: entry {number} {problem}; each entry of a list of chat templates "
+                'is {"name": string, "template": string}: download the tokenizer files again'
+            )
+        named[entry["name"]] = entry["template"]
+    return named
+
+
+def _template_entry_problem(entry: Any) -> str | None:
+    if not isinstance(entry, dict):
+        return f"is a {_json_type(entry)}"
+    for key in ("name", "template"):
+        if key not in entry:
+            return f"has no {key!r}"
+        if not isinstance(entry[key], str):
+            return f"has a {key!r} that is a {_json_type(entry[key])}"
+    return None
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of ``value``'s type, for messages that must not echo the value."""
+    kinds = (
+        (type(None), "null"),
+        (bool, "boolean"),
+        ((int, float), "number"),
+        (str, "string"),
+        (list, "list"),
+    )
+    return next((kind for types, kind in kinds if isinstance(value, types)), "object")
+
+
 def _read_json(folder: Path, name: str) -> dict[str, Any]:
     """The JSON object in ``folder / name``; {} when there is no such file."""
     path = folder / name
-    if not os.path.lexists(path):
+    if not model_file_exists(folder, name):
         return {}
-    try:
-        data = json.loads(_read_text(folder, name, JSON_LIMIT))
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"{path}: not readable JSON ({exc}); download it again") from exc
+    data = read_model_json(folder, name, limit=JSON_LIMIT)
     if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: holds {type(data).__name__}, not a JSON object")
+        raise CheckpointError(
+            f"{path}: holds a {_json_type(data)}, not a JSON object; download it again"
+        )
     return data
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
+from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.static_graphs.contract import capture_window
 from slotwise.platforms import Platform
 
@@ -26,6 +27,9 @@ class CaptureReport:
     size: int
     seconds: float
     memory_bytes: int | None  # growth of device memory in use; None if not reported
+    #: Static graphs captured for this size (the pieces', the whole model's), as counted
+    #: by ``num_graphs_captured``; 0 where the size's graphs existed already.
+    graphs: int
 
 
 def capture_graphs(
@@ -51,6 +55,7 @@ def capture_graphs(
         )
         for size in bar:
             before = _memory(platform)
+            captured = counters.num_graphs_captured
             start = time.perf_counter()
             for _ in range(runs_per_size):
                 run_step(size)
@@ -58,10 +63,12 @@ def capture_graphs(
             seconds = time.perf_counter() - start
             after = _memory(platform)
             growth = None if before is None or after is None else after - before
-            reports.append(CaptureReport(size, seconds, growth))
+            graphs = counters.num_graphs_captured - captured
+            reports.append(CaptureReport(size, seconds, growth, graphs))
             bar.set_postfix(size=size, ms=f"{seconds * 1e3:.1f}")
     total = sum(report.seconds for report in reports)
-    logger.info("captured graphs for %d sizes in %.2f s", len(reports), total)
+    graphs = sum(report.graphs for report in reports)
+    logger.info("captured %d graphs for %d sizes in %.2f s", graphs, len(reports), total)
     return reports
 
 

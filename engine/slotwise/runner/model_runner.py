@@ -10,6 +10,7 @@ start-up, and greedy generation on top of prefill and decode steps.
 from __future__ import annotations
 
 import bisect
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,12 +26,18 @@ from slotwise.attention import (
 )
 from slotwise.compilation.config import CompilationConfig, GraphMode
 from slotwise.compilation.decorators import compiled_forward_of
-from slotwise.compilation.static_graphs.graph_modes import require_graph_mode, step_graph_mode
+from slotwise.compilation.static_graphs.graph_modes import (
+    require_graph_mode,
+    sizes_padding_never_reaches,
+    step_graph_mode,
+)
 from slotwise.forward_context import BatchDescriptor, set_forward_context
 from slotwise.platforms import get_current_platform
 from slotwise.runner.capture import CaptureReport, capture_graphs
 from slotwise.runner.generation import generate
 from slotwise.runner.static_inputs import StaticInputBuffers
+
+logger = logging.getLogger("slotwise")
 
 
 @dataclass
@@ -95,12 +102,28 @@ class ModelRunner:
         self.static_metadata = self._static_metadata(num_blocks)
 
     def _graph_sizes(self, layers: list[Attention]) -> list[int]:
-        """The sizes steps are padded to; empty when this model runs without graphs."""
+        """The sizes steps are padded to; empty when this model runs without graphs.
+
+        The compiled model's config says whether graphs exist: its graph mode is what
+        ``graph_modes.settle_graph_mode`` left, NONE wherever nothing is captured (no
+        compilation, ``TORCH_COMPILE_DISABLE=1``, nothing to capture)."""
         if self.config is None or self.config.graph_mode in (None, GraphMode.NONE):
             return []
         for backend in dict.fromkeys(layer.attn_backend for layer in layers):
             require_graph_mode(self.config.graph_mode, self.platform, backend)
-        return sorted(self.config.capture_sizes or [])
+        sizes = sorted(self.config.capture_sizes or [])
+        unreached = sizes_padding_never_reaches(self.config)
+        if unreached:
+            logger.warning(
+                "compilation config key 'compile_sizes': %s are never a step's size, since "
+                "the runner pads every step of up to %d tokens to a capture size (%s); list "
+                "capture sizes there, or sizes above %d",
+                unreached,
+                sizes[-1],
+                sizes,
+                sizes[-1],
+            )
+        return sizes
 
     def _static_metadata(self, num_blocks: int) -> StaticAttentionMetadata | None:
         """Metadata buffers for FULL steps, whose padding requests decode into a cache

@@ -79,10 +79,21 @@ class Sampler:
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """The next token id of each row of ``logits`` [batch, vocab], as a [batch]
         tensor on the logits' device."""
-        greedy = logits.argmax(-1)
+        return self.sample(logits)[0]
+
+    def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next token id of each row of ``logits`` and the row's largest logit, both
+        [batch] on the logits' device.
+
+        The maximum comes out of the reduction the argmax makes anyway, and says whether
+        a token can be drawn from the row: NaN wins any maximum and +inf any finite one,
+        so it is finite exactly when the row holds no NaN, no +inf and not only -inf.
+        A -inf logit alone is a token that is never drawn, which is what masking writes.
+        """
+        top, greedy = logits.max(-1)
         if self.all_greedy:
-            return greedy
-        probs = self.probabilities(logits)
+            return greedy, top
+        probs = self.probabilities(logits, top)
         noise = torch.empty_like(probs)
         shared = [i for i, g in enumerate(self.generators) if g is None]
         if shared:
@@ -92,13 +103,15 @@ class Sampler:
                 noise[i].exponential_(generator=generator)
         # A zero draw would divide to inf (or 0/0 for a dropped token).
         sampled = probs.div_(noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(-1)
-        return torch.where(self.greedy, greedy, sampled)
+        return torch.where(self.greedy, greedy, sampled), top
 
-    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
-        """Each row's sampling distribution after temperature, top-k and top-p."""
+    def probabilities(self, logits: torch.Tensor, top: torch.Tensor | None = None) -> torch.Tensor:
+        """Each row's sampling distribution after temperature, top-k and top-p; ``top``:
+        each row's largest logit, where the caller has it already."""
         # Subtracting the max first keeps a tiny temperature from overflowing.
         scaled = logits.float()
-        scaled = (scaled - scaled.amax(-1, keepdim=True)) / self.temperature
+        top = scaled.amax(-1) if top is None else top.float()
+        scaled = (scaled - top.unsqueeze(-1)) / self.temperature
         if self.filters:
             scaled = self._filter(scaled)
         return scaled.softmax(-1)

@@ -13,8 +13,10 @@ their flags, this CPU's features and torch's version, and follows the core's rul
 compiled code: a folder or file another user could have written is never loaded, and
 each library has a record of its size and SHA-256 beside it, checked before it is loaded
 (a truncated library would crash the process when mapped). Where the cache may not be
-used (not trusted, or the compile cache is off) the library is built in a private
-temporary folder, removed once it is loaded.
+used (not trusted, the compile cache off, or its disk full or read-only) the library is
+built in a private temporary folder, removed once it is loaded. The cache folder is
+checked from ``/`` down and used by its real path, and a library is hashed and loaded
+through one open descriptor: what is loaded is what was checked.
 
 OpenMP comes from the ``libgomp.so.1`` torch has already loaded, and torch's own
 libraries are the ones already in the process (the dynamic linker reuses a loaded
@@ -34,6 +36,7 @@ import os
 import platform
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -65,6 +68,10 @@ BUILD_TIMEOUT_S = 180.0
 #: Seconds before a compiler call still running is reported.
 BUILD_PROGRESS_S = 30.0
 CACHE_FOLDER = "cpu-kernels"
+#: Where Linux shows a process's open files as paths a library can be loaded from.
+FD_FOLDER = "/proc/self/fd"
+#: What a compiler says when the disk or the quota is full.
+OUT_OF_SPACE_OUTPUT = ("No space left on device", "Disk quota exceeded")
 #: Says what runs instead when the library cannot be had.
 UNAVAILABLE = (
     "linear layers run torch's GEMM, and decode attention gathers each request's cache "
@@ -121,16 +128,29 @@ def _load() -> ctypes.CDLL:
     else:
         reason = _untrusted_cache(folder)
         if reason is None:
-            return _load_cached(cc, cxx, folder / f"ops-{key[:24]}.so")
+            # Trusted from / down, so nobody else can re-point what its real path goes through.
+            library = Path(os.path.realpath(folder)) / f"ops-{key[:24]}.so"
+            try:
+                return _load_cached(cc, cxx, library)
+            except (OSError, OutOfSpaceError) as exc:  # a full disk, a read-only cache
+                reason = (
+                    f"{library.parent} cannot be written ({exc}); free space there or make "
+                    "it writable"
+                )
         logger.warning(
             "slotwise_cpu: kernel cache not used: %s; building the kernels in a private "
             "temporary folder, removed once they are loaded",
             reason,
         )
-    with tempfile.TemporaryDirectory(prefix="slotwise-cpu-") as scratch:
-        library = Path(scratch) / "ops.so"
-        _build(cc, cxx, library)
-        return _open(library)  # a loaded library stays mapped once its file is gone
+    try:
+        with tempfile.TemporaryDirectory(prefix="slotwise-cpu-") as scratch:
+            library = Path(scratch) / "ops.so"
+            return _open(library, _build(cc, cxx, library))  # stays mapped once deleted
+    except (OSError, OutOfSpaceError) as exc:
+        raise KernelBuildError(
+            f"they cannot be built in the temporary folder {tempfile.gettempdir()} ({exc}); "
+            "free space there or point TMPDIR at a folder of yours with room"
+        ) from exc
 
 
 def _untrusted_cache(folder: Path) -> str | None:
@@ -150,9 +170,14 @@ def _load_cached(cc: str, cxx: str, library: Path) -> ctypes.CDLL:
     """Load the cached ``library`` if it matches its record; else build it again."""
     record = library.with_name(library.name + ".json")
     if library.exists() or record.exists():
-        problem = _mismatch(library, record)
-        if problem is None:
-            return _open(library)
+        try:
+            return _open(library, json.loads(read_trusted_file(str(record))))
+        except FileNotFoundError as exc:
+            problem = f"has no {Path(exc.filename or record).name}"
+        except LibraryMismatch as exc:
+            problem = str(exc)
+        except (OSError, ValueError) as exc:
+            problem = f"cannot be checked ({exc})"
         logger.warning("slotwise_cpu: cached kernel library %s %s; building it again",
                        library, problem)  # fmt: skip
     digest = _build(cc, cxx, library)
@@ -160,35 +185,36 @@ def _load_cached(cc: str, cxx: str, library: Path) -> ctypes.CDLL:
         write_atomically(str(record), json.dumps(digest).encode("utf-8"))
     except OSError as exc:  # costs the next process a rebuild, not this one its kernels
         logger.warning("slotwise_cpu: could not record %s (%s)", library, exc)
-    return _open(library)
+    return _open(library, digest)
 
 
-def _mismatch(library: Path, record: Path) -> str | None:
-    """What is wrong with ``library`` against ``record``, or None when it is what was
-    built: both files trusted (yours, not writable by others, not links), same size and
-    SHA-256."""
+class LibraryMismatch(Exception):
+    """The library on disk is not the one its record describes (or is not trusted)."""
+
+
+class OutOfSpaceError(KernelBuildError):
+    """A compiler ran out of disk space (or quota) while building the kernels."""
+
+
+def _open(library: Path, expected: object) -> ctypes.CDLL:
+    """Load ``library`` when it is a private file of yours whose size and SHA-256 are
+    ``expected`` (the record written at build); any library that is not the plugin's
+    kernels is refused.
+
+    The file is checked, hashed and loaded through one open descriptor
+    (``/proc/self/fd/N``), so the bytes loaded are the bytes hashed even if the path is
+    replaced meanwhile: a truncated library would crash the process when mapped.
+    """
+    descriptor = os.open(library, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
     try:
-        expected = json.loads(read_trusted_file(str(record)))
-        content = read_trusted_file(str(library))
-    except FileNotFoundError as exc:
-        return f"has no {Path(exc.filename or record).name}"
-    except (OSError, ValueError) as exc:
-        return f"cannot be checked ({exc})"
-    if not isinstance(expected, dict):
-        return "has an unreadable record"
-    if expected.get("size") != len(content):
-        return f"is {len(content)} bytes, not the {expected.get('size')} recorded at build"
-    if expected.get("sha256") != hashlib.sha256(content).hexdigest():
-        return "does not match the SHA-256 recorded at build"
-    return None
-
-
-def _open(library: Path) -> ctypes.CDLL:
-    """Load ``library``; any library that is not the plugin's kernels is refused."""
-    try:
-        handle = ctypes.CDLL(str(library))  # its static initialisers register the kernels
-    except OSError as exc:
-        raise KernelBuildError(f"could not load the kernels from {library}: {exc}") from exc
+        problem = _untrusted_library(os.fstat(descriptor))
+        content = b"" if problem else _read_all(descriptor)
+        problem = problem or _differs(content, expected)
+        if problem is not None:
+            raise LibraryMismatch(problem)
+        handle = _dlopen(library, descriptor, content)
+    finally:
+        os.close(descriptor)
     absent = [name for name in SYMBOLS if not hasattr(handle, name)]
     try:
         missing = [
@@ -202,6 +228,51 @@ def _open(library: Path) -> ctypes.CDLL:
             f"{missing} and lacks the functions {absent}"
         )
     return handle
+
+
+def _untrusted_library(status: os.stat_result) -> str | None:
+    """The core's rule for cache entries, on the open library: a regular file of yours
+    (or root's) that group and others cannot write."""
+    if not stat.S_ISREG(status.st_mode):
+        return "is not a regular file"
+    if status.st_uid not in (os.getuid(), 0):
+        return f"is owned by uid {status.st_uid}, not by you (uid {os.getuid()})"
+    if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by group or others (mode {stat.S_IMODE(status.st_mode):o})"
+    return None
+
+
+def _read_all(descriptor: int) -> bytes:
+    chunks = []
+    while chunk := os.read(descriptor, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _differs(content: bytes, expected: object) -> str | None:
+    """How ``content`` differs from the record ``expected``, or None when it matches."""
+    if not isinstance(expected, dict):
+        return "has an unreadable record"
+    if expected.get("size") != len(content):
+        return f"is {len(content)} bytes, not the {expected.get('size')} recorded at build"
+    if expected.get("sha256") != hashlib.sha256(content).hexdigest():
+        return "does not match the SHA-256 recorded at build"
+    return None
+
+
+def _dlopen(library: Path, descriptor: int, content: bytes) -> ctypes.CDLL:
+    """The library open at ``descriptor`` loaded (its static initialisers register the
+    kernels): through ``/proc/self/fd``, or where there is none, from a private copy of
+    the checked ``content``."""
+    try:
+        if os.path.isdir(FD_FOLDER):
+            return ctypes.CDLL(f"{FD_FOLDER}/{descriptor}")
+        with tempfile.TemporaryDirectory(prefix="slotwise-cpu-") as private:  # mode 0700
+            copy = Path(private) / library.name
+            copy.write_bytes(content)
+            return ctypes.CDLL(str(copy))
+    except OSError as exc:
+        raise KernelBuildError(f"could not load the kernels from {library}: {exc}") from exc
 
 
 def _torch_dirs() -> tuple[Path, Path]:
@@ -304,6 +375,8 @@ def _run(command: list[str], source: str) -> None:
     except BaseException:  # Ctrl-C: no compiler is left running
         _stop(process)
         raise
+    if process.returncode != 0 and any(said in stderr for said in OUT_OF_SPACE_OUTPUT):
+        raise OutOfSpaceError(f"{command[0]} ran out of disk space building {source}")
     if process.returncode != 0:
         raise KernelBuildError(
             f"{command[0]} failed to build {source} (exit {process.returncode}): "

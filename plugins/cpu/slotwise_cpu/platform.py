@@ -7,18 +7,17 @@ imports torch at module level: resolving to the CPU platform stays cheap.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slotwise.plugin_api import CompilationConfig, Platform
+from slotwise.plugin_api import CompilationConfig, CompilationLevel, Platform
 
 if TYPE_CHECKING:
     import torch
-
-#: The level at which slotwise splits graphs (``CompilationLevel.PIECEWISE``).
-_PIECEWISE_LEVEL = 3
 
 
 class CpuPlatform(Platform):
@@ -45,6 +44,17 @@ class CpuPlatform(Platform):
 
     def get_device_capability(self, device_id: int = 0, **kwargs: Any) -> None:
         return None  # compute capabilities are a GPU notion
+
+    def device_identity(self, **kwargs: Any) -> dict[str, str]:
+        """The CPU's model, architecture and feature flags, and the vector ISA ATen picks
+        (``ATEN_CPU_CAPABILITY`` can lower it): Inductor writes its C++ code for them."""
+        import torch
+
+        return {
+            **super().device_identity(),
+            **_cpu_description(),
+            "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        }
 
     def total_memory(self, device_id: int = 0, **kwargs: Any) -> int:
         """Physical memory, or the cgroup limit when the process runs under a lower one."""
@@ -90,7 +100,7 @@ class CpuPlatform(Platform):
         as an opaque call.  A subclass that adds static graphs keeps the split.
         """
         if (
-            config.level == _PIECEWISE_LEVEL
+            config.level == CompilationLevel.PIECEWISE
             and config.splitting_ops is None
             and not config.use_inductor_graph_partition
             and self.get_graph_api() is None
@@ -105,3 +115,28 @@ class CpuPlatform(Platform):
         from slotwise_cpu.piecewise import CpuPiecewiseBackend
 
         return CpuPiecewiseBackend
+
+
+@functools.cache
+def _cpu_description() -> dict[str, str]:
+    """The CPU's model name, the architecture and a hash of the feature flags (hundreds of
+    them, one line per core in /proc/cpuinfo)."""
+    import platform  # not at module level: its regexes cost resolution 7 ms
+
+    models: set[str] = set()
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "cpu model"):
+                models.add(value.strip())
+            elif key in ("flags", "Features"):
+                flags.add(" ".join(sorted(value.split())))
+    except OSError:
+        pass
+    return {
+        "name": " / ".join(sorted(models)) or platform.processor() or "unknown",
+        "machine": platform.machine(),
+        "cpu_flags": hashlib.sha256("\n".join(sorted(flags)).encode()).hexdigest()[:16],
+    }

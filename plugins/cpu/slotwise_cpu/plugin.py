@@ -23,7 +23,7 @@ def slotwise_platforms() -> list[PlatformSpec]:
             platform_cls="slotwise_cpu.platform:CpuPlatform",
             probe=probe,
             priority=0,
-            requires_api=">=1.4,<2",  # the cache trust helpers, new in 1.4
+            requires_api=">=1.5,<2",  # CompilationLevel, in the plugin API from 1.5
         )
     ]
 

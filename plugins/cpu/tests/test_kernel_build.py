@@ -214,3 +214,60 @@ def test_a_cache_other_users_could_write_is_not_used_and_nothing_is_left(tmp_pat
     assert "building the kernels in a private temporary folder" in result.stderr
     assert not list(folder.iterdir())  # nothing written there
     assert not leftovers(cache)  # and the temporary folder is gone
+
+
+#: Between the library's check and its load, its path gets another file, as a rebuild in
+#: another process would do (or anyone who could rename files into the folder).
+SWAP_BEFORE_LOAD = """
+import ctypes, os
+from slotwise_cpu import native
+load = ctypes.CDLL
+
+def swap_then_load(name, *args, **kwargs):
+    if not (str(name).startswith("/proc/self/fd/") or os.path.basename(name).startswith("ops-")):
+        return load(name, *args, **kwargs)  # not the kernels
+    ctypes.CDLL = load
+    for library in native.cache_dir().glob("ops-*.so"):
+        swapped = library.with_name("swapped")
+        swapped.write_bytes(b"not the library that was checked")
+        swapped.chmod(0o700)
+        os.replace(swapped, library)
+    return load(name, *args, **kwargs)
+
+ctypes.CDLL = swap_then_load
+"""
+
+
+@pytest.mark.parametrize("loader", ["open-file", "private-copy"])
+def test_the_library_loaded_is_the_library_checked(tmp_path, loader):
+    prelude = SWAP_BEFORE_LOAD
+    if loader == "private-copy":  # a system without /proc/self/fd
+        prelude += "native.FD_FOLDER = '/no/such/folder'\n"
+    result = run(tmp_path / "root", prelude)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == WITH_KERNELS
+    assert INSTEAD not in result.stderr
+    (library,) = kernel_folder(tmp_path / "root").glob("ops-*.so")
+    assert library.read_bytes() == b"not the library that was checked"  # swapped indeed
+    assert not leftovers(tmp_path / "root")
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="mounting a small disk needs root")
+def test_a_full_kernel_cache_builds_in_a_private_folder_with_one_warning(tmp_path):
+    cache = tmp_path / "root"
+    cache.mkdir(mode=0o700)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=700", "tmpfs",
+                              str(cache)], capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        result = run(cache)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == WITH_KERNELS
+        assert f"kernel cache not used: {kernel_folder(cache)} cannot be written" in result.stderr
+        assert "ran out of disk space" in result.stderr
+        assert result.stderr.count("kernel cache not used") == 1
+        assert "Traceback" not in result.stderr
+        assert not leftovers(cache)
+    finally:
+        subprocess.run(["umount", "-l", str(cache)], check=True)

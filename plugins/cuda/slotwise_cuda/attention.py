@@ -24,7 +24,7 @@ from slotwise.plugin_api import (
 )
 
 if TYPE_CHECKING:
-    from slotwise.attention.metadata import BatchSplit
+    from slotwise.plugin_api import BatchSplit
 
 
 class TritonPagedBackend(AttentionBackend):

@@ -22,7 +22,7 @@ def slotwise_platforms() -> list[PlatformSpec]:
             platform_cls="slotwise_cuda.platform:CudaPlatform",
             probe=probe_cuda,
             priority=100,
-            requires_api=">=1.1,<2",
+            requires_api=">=1.4,<2",  # AttentionMetadata.split, new in 1.4
         )
     ]
 

@@ -1,4 +1,5 @@
-"""Is there a usable NVIDIA GPU?  Answered through NVML, never through torch.cuda.
+"""Is there a usable NVIDIA GPU, and which driver runs it?  Answered through NVML,
+never through torch.cuda.
 
 Creating a CUDA context in the parent process breaks every ``fork`` after it, so
 the probe asks the driver's management library (loaded with ctypes) how many
@@ -14,6 +15,8 @@ from typing import Any
 
 NVML_LIBRARY = "libnvidia-ml.so.1"
 NVML_SUCCESS = 0
+#: NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE: room for the driver version and its NUL.
+NVML_DRIVER_VERSION_LENGTH = 80
 
 
 def load_nvml() -> Any:
@@ -44,3 +47,20 @@ def probe_cuda(
     finally:
         nvml.nvmlShutdown()
     return True
+
+
+def driver_version(load_library: Callable[[], Any] = load_nvml) -> str:
+    """The NVIDIA driver's version ("550.54.15"), through NVML; OSError or RuntimeError
+    saying why where NVML cannot tell."""
+    nvml = load_library()
+    status = nvml.nvmlInit_v2()
+    if status != NVML_SUCCESS:
+        raise RuntimeError(f"the NVIDIA driver did not initialise (NVML error {status})")
+    try:
+        version = ctypes.create_string_buffer(NVML_DRIVER_VERSION_LENGTH)
+        status = nvml.nvmlSystemGetDriverVersion(version, ctypes.c_uint(len(version)))
+        if status != NVML_SUCCESS:
+            raise RuntimeError(f"NVML cannot read the driver's version (NVML error {status})")
+    finally:
+        nvml.nvmlShutdown()
+    return version.value.decode("ascii", errors="replace")

@@ -1,4 +1,5 @@
-"""The CUDA probe: available only when NVML counts a visible GPU, else it says why."""
+"""The CUDA probe: available only when NVML counts a visible GPU, else it says why; the
+driver's version, for the GPU's identity in cache keys."""
 
 from __future__ import annotations
 
@@ -6,14 +7,17 @@ import ctypes
 
 import pytest
 
-from slotwise_cuda.probe import probe_cuda
+from slotwise_cuda.probe import driver_version, probe_cuda
 
 
 class FakeNvml:
     """Stands in for libnvidia-ml: answers with fixed status codes and a device count."""
 
-    def __init__(self, init: int = 0, count_status: int = 0, count: int = 2) -> None:
+    def __init__(
+        self, init: int = 0, count_status: int = 0, count: int = 2, version_status: int = 0
+    ) -> None:
         self.init, self.count_status, self.count = init, count_status, count
+        self.version_status = version_status
         self.shutdowns = 0
 
     def nvmlInit_v2(self) -> int:
@@ -22,6 +26,10 @@ class FakeNvml:
     def nvmlDeviceGetCount_v2(self, out) -> int:
         ctypes.cast(out, ctypes.POINTER(ctypes.c_uint)).contents.value = self.count
         return self.count_status
+
+    def nvmlSystemGetDriverVersion(self, out, length) -> int:
+        ctypes.memmove(out, b"550.54.15\0", min(10, length.value))
+        return self.version_status
 
     def nvmlShutdown(self) -> int:
         self.shutdowns += 1
@@ -56,3 +64,18 @@ def test_cuda_probe_without_a_driver_says_so():
     assert probe_cuda(missing, environ={}) == (
         "no NVIDIA driver found (libnvidia-ml.so.1 cannot be loaded)"
     )
+
+
+def test_driver_version_is_nvmls_answer():
+    nvml = FakeNvml()
+    assert driver_version(lambda: nvml) == "550.54.15"
+    assert nvml.shutdowns == 1
+
+
+@pytest.mark.parametrize(
+    "nvml, reason",
+    [(FakeNvml(init=9), "NVML error 9"), (FakeNvml(version_status=3), "NVML error 3")],
+)
+def test_driver_version_says_why_nvml_cannot_tell(nvml, reason):
+    with pytest.raises(RuntimeError, match=reason):
+        driver_version(lambda: nvml)

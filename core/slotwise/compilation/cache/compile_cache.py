@@ -4,7 +4,8 @@ One :class:`CompileCache` serves one compiled Dynamo graph of a model. Identical
 (the layers of a transformer) share one compile in memory; with a compiler that can save
 its output, a second process with the same model and config loads instead of compiling.
 The directory is named by a hash of everything that changes compiled code, so caches of
-different models, configs or torch versions never see each other's entries. A damaged or
+different models, configs, torch versions or devices (``Platform.device_identity``) never
+see each other's entries. A damaged or
 unreadable entry is recompiled and overwritten; it never yields a wrong result. Entries
 are code: a cache folder or entry that another user could have written is not used at all
 (see :mod:`slotwise.cache_permissions`).
@@ -18,20 +19,27 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.fx as fx
 
 from slotwise.cache_permissions import (
+    describe_write_failure,
     make_private_directories,
     read_trusted_file,
+    resolve_trusted_directory,
     untrusted_directory,
     write_atomically,
 )
 from slotwise.compilation.cache.graph_fingerprint import UnfingerprintableGraph, fingerprint
+from slotwise.compilation.cache.hardware_identity import device_identity
+from slotwise.compilation.cache.inductor_cache_dir import (
+    compile_ran_out_of_space,
+    move_off_full_disk,
+)
 from slotwise.compilation.compile_counters import counters
-from slotwise.compilation.compilers import Compiler
+from slotwise.compilation.compilers import CompiledPiece, Compiler
 from slotwise.compilation.config import CompilationConfig
 from slotwise.version import __version__
 
@@ -42,14 +50,16 @@ FACTORS_FILE = "cache_key_factors.json"
 # payload: a truncated, garbled or misplaced file is caught before the compiler reads it.
 _MAGIC = b"slotwise-compiled-piece-v1\n"
 _DIGEST_SIZE = hashlib.sha256().digest_size
+_Result = TypeVar("_Result")
 
 
 class CompileCache:
     """Compiles graph pieces through ``compiler``, reusing earlier results where it can.
 
     ``factors`` identify what the caller compiles (the model's traced source, the platform
-    name); the slotwise and torch versions, the config hash and the compiler's hash are
-    added here. Disk is used only when the cache is enabled and the compiler can persist.
+    name); the slotwise and torch versions, the config hash, the compiler's hash and the
+    device's identity are added here. Disk is used only when the cache is enabled and the
+    compiler can persist.
     """
 
     def __init__(
@@ -61,6 +71,8 @@ class CompileCache:
             "config_hash": config.compute_hash(),
             "compiler": f"{type(compiler).__module__}.{type(compiler).__qualname__}",
             "compiler_hash": compiler.compute_hash(),
+            # What any compiler's output may be specialised to, told by the platform.
+            "device": json.dumps(device_identity(), sort_keys=True),
         }
         clash = sorted(set(factors) & set(own))
         if clash:
@@ -91,7 +103,7 @@ class CompileCache:
         except UnfingerprintableGraph as err:
             logger.info("compiling a graph piece without the compile cache: %s", err)
             counters.bump("num_cache_misses")
-            return self._compiler.compile(graph, example_inputs, runtime_shape=runtime_shape).fn
+            return self._compile_piece(graph, example_inputs, runtime_shape).fn
         fn = self._compiled.get(key)
         if fn is None and self._read_disk and self._directory_trusted():
             fn = self._load(key, graph, example_inputs, runtime_shape)
@@ -99,12 +111,19 @@ class CompileCache:
             counters.bump("num_cache_hits")
         else:
             counters.bump("num_cache_misses")
-            piece = self._compiler.compile(graph, example_inputs, runtime_shape=runtime_shape)
+            piece = self._compile_piece(graph, example_inputs, runtime_shape)
             fn = piece.fn
             if self._write_disk and piece.save is not None and self._directory_trusted():
                 self._save(key, runtime_shape, piece.save)
         self._compiled[key] = fn
         return fn
+
+    def _compile_piece(
+        self, graph: fx.GraphModule, example_inputs: Sequence[Any], runtime_shape: int | None
+    ) -> CompiledPiece:
+        return _off_a_full_disk(
+            lambda: self._compiler.compile(graph, example_inputs, runtime_shape=runtime_shape)
+        )
 
     @property
     def persistent(self) -> bool:
@@ -115,8 +134,10 @@ class CompileCache:
         """The payload of the whole-graph entry ``name`` (the saved Dynamo trace), or None
         when there is none or it may not be used: the folder or the entry is not trusted,
         or the entry cannot be read or is damaged (each said in one warning)."""
+        if not (self._read_disk and self._directory_trusted()):
+            return None
         path = os.path.join(self.directory, f"{name}.bin")
-        if not (self._read_disk and os.path.isfile(path) and self._directory_trusted()):
+        if not os.path.isfile(path):
             return None
         try:
             payload = _unwrap_entry(read_trusted_file(path), name)
@@ -138,7 +159,11 @@ class CompileCache:
             self._prepare_directory()
             write_atomically(path, _wrap_entry(payload, name))
         except OSError as err:
-            logger.warning("compile cache entry %s could not be written (%s)", path, err)
+            logger.warning(
+                "compile cache entry %s could not be written: %s",
+                path,
+                describe_write_failure(self.directory, err),
+            )
             return
         logger.debug("compile cache: saved %s", path)
 
@@ -169,7 +194,11 @@ class CompileCache:
                 staged = os.path.join(staging, "piece.bin")
                 with open(staged, "wb") as file:
                     file.write(payload)
-                fn = self._compiler.load(staged, graph, example_inputs, runtime_shape=runtime_shape)
+                fn = _off_a_full_disk(
+                    lambda: self._compiler.load(
+                        staged, graph, example_inputs, runtime_shape=runtime_shape
+                    )
+                )
         except Exception as err:  # noqa: BLE001 - whatever failed, recompiling is correct
             logger.warning(
                 "compile cache entry %s could not be loaded (%s: %s); recompiling and "
@@ -204,22 +233,24 @@ class CompileCache:
         except OSError as err:
             self._write_disk = False
             logger.warning(
-                "compile cache directory %s is not writable (%s); running uncached: new "
-                "compiles are kept in memory only",
-                self.directory,
-                err,
+                "compile cache not written: %s; running uncached: new compiles are kept in "
+                "memory only. Fix it, or set SLOTWISE_CACHE_ROOT (or the config's cache_dir) "
+                "to a folder of yours that you can write, on a disk with room",
+                describe_write_failure(self.directory, err),
             )
             return
         logger.debug("compile cache: saved %s", path)
 
     def _directory_trusted(self) -> bool:
         """False, with one warning, when another user could have written this cache: its
-        entries are code, so it is neither read nor written."""
+        entries are code, so it is neither read nor written. When trusted, the cache's
+        folder is its real path from then on: no link on the way is followed again."""
         if self._trust_checked:
             return self._read_disk or self._write_disk
         self._trust_checked = True
-        reason = untrusted_directory(self.directory, self.root)
+        real, reason = resolve_trusted_directory(self.directory, self.root)
         if reason is None:
+            self.directory, self.root = real, os.path.dirname(real)
             return True
         self._read_disk = self._write_disk = False
         logger.warning(
@@ -240,6 +271,19 @@ class CompileCache:
         factors = json.dumps(self.factors, indent=2, sort_keys=True) + "\n"
         write_atomically(os.path.join(self.directory, FACTORS_FILE), factors.encode("utf-8"))
         self._directory_ready = True
+
+
+def _off_a_full_disk(action: Callable[[], _Result]) -> _Result:
+    """``action()`` (a compile, or a load, which writes the piece's code out too); one that
+    ran out of disk space is tried once more, after Inductor's caches moved to a private
+    folder with room (one warning; :class:`CacheDiskFullError` where it has none)."""
+    try:
+        return action()
+    except Exception as err:
+        if not compile_ran_out_of_space(err):
+            raise
+        move_off_full_disk()
+    return action()
 
 
 def _wrap_entry(payload: bytes, key: str) -> bytes:

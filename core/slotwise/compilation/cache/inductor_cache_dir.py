@@ -13,16 +13,24 @@ set: a folder the user chose is kept.
 Inductor's folder holds code it runs: it imports the generated ``.py`` files it finds
 there and loads their libraries, without asking who wrote them. The default folder's
 name (``torchinductor_<user>``) is known in advance, so another local user can create it
-first and plant code in it. Inductor is therefore never left on a folder slotwise does
-not trust: when neither the cache root nor the chosen folder passes the checks of
-:mod:`slotwise.cache_permissions`, its caches go to a fresh private folder of this
-process, removed at exit (nothing compiled is kept for the next process).
+first and plant code in it, or create a link by that name and re-point it once checked.
+Inductor is therefore never left on a folder slotwise does not trust, and is only ever
+handed the real path that :mod:`slotwise.cache_permissions` checked, never a link: when
+neither the cache root nor the chosen folder passes, its caches go to a fresh private
+folder of this process, removed at exit (nothing compiled is kept for the next process).
+The same goes for ``TRITON_CACHE_DIR``.
+
+Inductor fills a disk quickly (its precompiled C++ headers alone take about 150 MiB), and a
+compile that runs out of space ends in a long compiler traceback. So a folder on a disk
+with too little room left is not used either, and where a compile runs out of space all
+the same its caches move to the private folder and the compile is tried once more; only
+where that folder has no room either does the run stop, with one line saying where.
 
 Inductor's own cache keys its generated code on the graph and its settings, not on the
 CPU's vector ISA, which was harmless in a folder no other machine sees. A cache root
 under the home folder may be shared by machines (a network home), so each kind of
 machine gets its own folder, named by a hash of the CPU, ``ATEN_CPU_CAPABILITY`` and
-the GPUs (:mod:`slotwise.compilation.cache.hardware_identity`).
+the platform's device (:mod:`slotwise.compilation.cache.hardware_identity`).
 """
 
 from __future__ import annotations
@@ -36,8 +44,15 @@ import shutil
 import sys
 import tempfile
 
-from slotwise.cache_permissions import make_private_directories, untrusted_directory
-from slotwise.compilation.cache.hardware_identity import cpu_identity, gpu_identity
+from slotwise.cache_permissions import (
+    describe_write_failure,
+    disk_room,
+    make_private_directories,
+    out_of_space,
+    resolve_trusted_directory,
+)
+from slotwise.compilation.cache.hardware_identity import cpu_identity, device_identity
+from slotwise.errors import SlotwiseError
 
 logger = logging.getLogger("slotwise")
 
@@ -50,9 +65,29 @@ UNCACHED = (
     "cached in a private temporary folder of this process only, removed at exit: nothing "
     "compiled now is kept for the next process"
 )
+#: Room Inductor needs to compile a model: its generated code, graphs and kernels.
+MIN_FREE_MIB = 64
+#: Inodes Inductor needs to compile a model (a few files per kernel and graph).
+MIN_FREE_INODES = 1024
+#: Room below which Inductor's precompiled C++ headers (about 150 MiB a set) stay off.
+HEADERS_FREE_MIB = 512
+#: The fixes the warnings name, for a folder refused and for one on a full disk.
+FIX_IT = f"fix that folder or set {INDUCTOR_CACHE_ENV} or SLOTWISE_CACHE_ROOT to a folder of yours"
+FREE_IT = (
+    f"free space there or set {INDUCTOR_CACHE_ENV} or SLOTWISE_CACHE_ROOT to a folder of yours "
+    "on a disk with room"
+)
+#: What a compiler says when the disk or the quota is full.
+_OUT_OF_SPACE_OUTPUT = ("No space left on device", "Disk quota exceeded")
 
+#: The folder this process handed Inductor, once placed.
+_placed: str | None = None
 #: This process's private folder for Inductor, once made.
 _private: str | None = None
+
+
+class CacheDiskFullError(SlotwiseError, RuntimeError):
+    """Inductor has no folder with room to compile into; the message says where and the fix."""
 
 
 def place_inductor_cache(cache_root: str | None) -> str:
@@ -60,48 +95,89 @@ def place_inductor_cache(cache_root: str | None) -> str:
 
     That is ``TORCHINDUCTOR_CACHE_DIR`` when set and trusted, else
     ``cache_root/inductor/<machine>`` when it is trusted, else (and when ``cache_root``
-    is None: the compile cache is off) a private temporary folder of this process.
+    is None: the compile cache is off) a private temporary folder of this process; each
+    as its real path, and the private folder instead where the disk has too little room.
+    Raises :class:`CacheDiskFullError` when the private folder's disk has none either.
 
     Inductor reads the variable each time it needs its folder, and sets it to its default
     the first time (importing Dynamo does): so this runs before Dynamo is imported, and a
     process that imported Dynamo before keeps Inductor's default folder if it is trusted.
     """
     chosen = os.environ.get(INDUCTOR_CACHE_ENV)
-    if chosen and chosen == _private:
+    if chosen and chosen == _placed:
         return chosen  # placed here earlier in this process
     if chosen:
-        reason = untrusted_directory(chosen, chosen)
-        if reason is None:
-            _keep_chosen(chosen)
-            _check_triton_cache(chosen)
-            return chosen
-        return _use_private_folder(f"{INDUCTOR_CACHE_ENV}={chosen} is not used: {reason}")
-    if cache_root is None:
-        return _use_private_folder("the compile cache is off", warn=False)
-    root = os.path.abspath(os.path.expanduser(cache_root))
-    folder = os.path.join(root, INDUCTOR_FOLDER, _machine_key())
-    reason = untrusted_directory(folder, root)
-    if reason is None:
-        try:
-            make_private_directories(folder)
-        except OSError as err:
-            reason = f"{folder} cannot be created ({err})"
+        folder, problem = _usable_folder(chosen, chosen)
+        if problem is None:
+            _keep_chosen(folder, chosen)
         else:
-            reason = untrusted_directory(folder, root)  # created meanwhile by another user
-    if reason is not None:
-        return _use_private_folder(f"the compile cache root is not trusted: {reason}")
-    os.environ[INDUCTOR_CACHE_ENV] = folder
-    _check_triton_cache(folder)
-    logger.info(
-        "Inductor's cache is %s, beside slotwise's (set %s to choose another)",
-        folder,
-        INDUCTOR_CACHE_ENV,
+            folder = _use_private_folder(f"{INDUCTOR_CACHE_ENV}={chosen} {problem}")
+    elif cache_root is None:
+        folder = _use_private_folder("the compile cache is off", fix=None)
+    else:
+        root = os.path.abspath(os.path.expanduser(cache_root))
+        folder, problem = _usable_folder(os.path.join(root, INDUCTOR_FOLDER, _machine_key()), root)
+        if problem is None:
+            logger.info(
+                "Inductor's cache is %s, beside slotwise's (set %s to choose another)",
+                folder,
+                INDUCTOR_CACHE_ENV,
+            )
+        else:
+            folder = _use_private_folder(f"the compile cache root {problem}")
+    crowded = _too_full(folder) if folder != _private else None
+    if crowded is not None:
+        folder = _use_private_folder(f"Inductor's cache {folder} is not used: {crowded}", FREE_IT)
+    _check_room_of_private(folder)
+    return _place(folder)
+
+
+def compile_ran_out_of_space(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it, a compiler's output included) is a full disk
+    or quota."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and out_of_space(current):
+            return True
+        if any(said in str(current) for said in _OUT_OF_SPACE_OUTPUT):
+            return True
+        inner = getattr(current, "inner_exception", None)  # Dynamo's and Inductor's wrappers
+        pending += [current.__cause__, current.__context__]
+        if isinstance(inner, BaseException):
+            pending.append(inner)
+    return False
+
+
+def move_off_full_disk() -> str:
+    """After a compile ran out of space in Inductor's folder: move Inductor's caches to
+    this process's private folder, precompiled headers off, with one warning; the folder.
+
+    Raises :class:`CacheDiskFullError` when Inductor was in the private folder already,
+    or that folder has too little room.
+    """
+    full = os.environ.get(INDUCTOR_CACHE_ENV, "")
+    if full and full == _private:
+        raise CacheDiskFullError(_no_room_message(full, f"it ran out of space, {_room(full)}"))
+    folder = _use_private_folder(
+        f"a compile ran out of space in Inductor's cache {full} ({_room(full)})", FREE_IT
     )
+    _check_room_of_private(folder)
+    _place(folder)
+    _switch_off_precompiled_headers()
+    from torch._inductor.utils import clear_caches  # Inductor is compiling: imported already
+
+    clear_caches()  # nothing remembered of the full folder
     return folder
 
 
 def place_precompiled_headers() -> None:
-    """Keep Inductor's precompiled C++ headers in its cache folder too.
+    """Keep Inductor's precompiled C++ headers in its cache folder too, or switch them off
+    (one warning) where that folder's disk has too little room for them.
 
     Inductor writes them under its *default* folder whatever ``TORCHINDUCTOR_CACHE_DIR``
     says, and compiles every CPU kernel with the ``.gch`` it finds there: a header planted
@@ -110,62 +186,101 @@ def place_precompiled_headers() -> None:
     Imports Inductor: called where Inductor is about to compile anyway.
     """
     from torch._inductor import codecache
-    from torch._inductor import config as inductor_config
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    if hasattr(codecache, "_HEADER_DIR") and hasattr(codecache, "_HEADER_LOCK_DIR"):
-        headers = os.path.join(cache_dir(), "precompiled_headers")
-        codecache._HEADER_DIR = headers
-        codecache._HEADER_LOCK_DIR = os.path.join(headers, "locks")
+    folder = cache_dir()
+    if not (hasattr(codecache, "_HEADER_DIR") and hasattr(codecache, "_HEADER_LOCK_DIR")):
+        logger.debug("no Inductor header folder known in this torch; headers are not precompiled")
+        _switch_off_precompiled_headers()
         return
-    logger.debug("no Inductor header folder known in this torch; headers are not precompiled")
-    inductor_config.cpp_cache_precompile_headers = False
-    inductor_config.aot_inductor.precompile_headers = False
+    room = disk_room(folder)
+    if room is not None and room[0] < HEADERS_FREE_MIB:
+        logger.warning(
+            "Inductor's precompiled C++ headers (about 150 MiB) are switched off: the disk "
+            "holding %s has %d MiB free, less than %d MiB; C++ kernels compile slower. Free "
+            "space there, or set %s or SLOTWISE_CACHE_ROOT to a folder on a disk with room",
+            folder,
+            room[0],
+            HEADERS_FREE_MIB,
+            INDUCTOR_CACHE_ENV,
+        )
+        _switch_off_precompiled_headers()
+        return
+    headers = os.path.join(folder, "precompiled_headers")
+    codecache._HEADER_DIR = headers
+    codecache._HEADER_LOCK_DIR = os.path.join(headers, "locks")
 
 
-def _keep_chosen(chosen: str) -> None:
-    if "torch._dynamo" in sys.modules and _under_temporary_folder(chosen):
+def _usable_folder(path: str, root: str) -> tuple[str, str | None]:
+    """The real path of ``path`` (inside the cache ``root``), created private, and why it
+    may not be used (``"is not trusted: ..."``, ``"cannot be used: ..."``; None when it
+    may): checked before creating anything, so an untrusted root gets no new folder, and
+    again after, for one created meanwhile by someone else."""
+    real, reason = resolve_trusted_directory(path, root)
+    if reason is not None:
+        return real, f"is not trusted: {reason}"
+    try:
+        make_private_directories(real)
+    except OSError as err:
+        return real, f"cannot be used: {describe_write_failure(real, err)}"
+    real, reason = resolve_trusted_directory(path, root)
+    return real, None if reason is None else f"is not trusted: {reason}"
+
+
+def _place(folder: str) -> str:
+    global _placed
+    os.environ[INDUCTOR_CACHE_ENV] = _placed = folder
+    _place_triton_cache(folder)
+    return folder
+
+
+def _keep_chosen(folder: str, chosen: str) -> None:
+    if not _under_temporary_folder(folder):
+        logger.debug("Inductor's cache stays in %s (%s is set)", folder, INDUCTOR_CACHE_ENV)
+    elif "torch._dynamo" in sys.modules and chosen == _inductors_default():
         logger.info(
-            "Inductor's cache stays in %s, under the system's temporary folder: Dynamo "
-            "was imported before slotwise compiled, which fixed it. Its compiled kernels "
-            "will not outlive a reboot; set %s to keep them",
-            chosen,
+            "Inductor's cache stays in %s, its default under the system's temporary folder: "
+            "Dynamo was imported before slotwise compiled, which chose it. Its compiled "
+            "kernels will not outlive a reboot; set %s to keep them",
+            folder,
             INDUCTOR_CACHE_ENV,
         )
     else:
-        logger.debug("Inductor's cache stays in %s (%s is set)", chosen, INDUCTOR_CACHE_ENV)
+        logger.info(
+            "Inductor's cache stays in %s (%s is set), under the system's temporary folder: "
+            "its compiled kernels will not outlive a reboot",
+            folder,
+            INDUCTOR_CACHE_ENV,
+        )
 
 
-def _check_triton_cache(inductor_folder: str) -> None:
-    """A ``TRITON_CACHE_DIR`` slotwise does not trust is replaced by one inside
-    Inductor's folder (where Inductor puts Triton's cache when the variable is unset)."""
+def _place_triton_cache(inductor_folder: str) -> None:
+    """``TRITON_CACHE_DIR`` as its checked real path, or, where it may not be used, a
+    folder inside Inductor's (where Inductor puts Triton's cache when it is unset)."""
     chosen = os.environ.get(TRITON_CACHE_ENV)
-    reason = untrusted_directory(chosen, chosen) if chosen else None
-    if reason is None:
+    if not chosen:
+        return
+    real, problem = _usable_folder(chosen, chosen)
+    if problem is None:
+        os.environ[TRITON_CACHE_ENV] = real
         return
     folder = os.path.join(inductor_folder, "triton")
     logger.warning(
-        "%s=%s is not used: %s; Triton's kernels are cached in %s instead",
+        "%s=%s %s; Triton's kernels are cached in %s instead",
         TRITON_CACHE_ENV,
         chosen,
-        reason,
+        problem,
         folder,
     )
     os.environ[TRITON_CACHE_ENV] = folder
 
 
-def _use_private_folder(why: str, *, warn: bool = True) -> str:
+def _use_private_folder(why: str, fix: str | None = FIX_IT) -> str:
+    """The private folder, after a warning saying ``why`` and the ``fix`` (None: an INFO
+    line, for a choice the user made)."""
     folder = _private_folder()
-    os.environ[INDUCTOR_CACHE_ENV] = folder
-    _check_triton_cache(folder)
-    if warn:
-        logger.warning(
-            "%s; %s (%s). Fix the folder, or set %s or SLOTWISE_CACHE_ROOT to a folder of yours",
-            why,
-            UNCACHED,
-            folder,
-            INDUCTOR_CACHE_ENV,
-        )
+    if fix is not None:
+        logger.warning("%s; %s (%s). To keep them, %s", why, UNCACHED, folder, fix)
     else:
         logger.info("%s; %s (%s)", why, UNCACHED, folder)
     return folder
@@ -176,18 +291,76 @@ def _private_folder() -> str:
     at exit: nobody else can have planted anything in it."""
     global _private
     if _private is None:
-        _private = tempfile.mkdtemp(prefix="slotwise-inductor-")
+        try:
+            made = tempfile.mkdtemp(prefix="slotwise-inductor-")
+        except OSError as err:
+            temporary = tempfile.gettempdir()
+            raise CacheDiskFullError(
+                _no_room_message(f"in {temporary}", describe_write_failure(temporary, err))
+            ) from None
+        _private = os.path.realpath(made)
         atexit.register(shutil.rmtree, _private, ignore_errors=True)
     return _private
 
 
+def _check_room_of_private(folder: str) -> None:
+    crowded = _too_full(folder) if folder == _private else None
+    if crowded is not None:
+        raise CacheDiskFullError(_no_room_message(folder, crowded))
+
+
+def _no_room_message(where: str, problem: str) -> str:
+    return (
+        f"Inductor has no room to compile: its private temporary folder {where} cannot be "
+        f"used ({problem}); free space there, or set TMPDIR, {INDUCTOR_CACHE_ENV} or "
+        "SLOTWISE_CACHE_ROOT to a folder of yours on a disk with room"
+    )
+
+
+def _too_full(folder: str) -> str | None:
+    """Why ``folder``'s disk has too little room for Inductor to compile, or None."""
+    room = disk_room(folder)
+    if room is None:  # cannot tell: let the compile try
+        return None
+    free_mib, free_inodes = room
+    if free_mib < MIN_FREE_MIB:
+        return f"its disk has {free_mib} MiB free, less than the {MIN_FREE_MIB} MiB Inductor needs"
+    if free_inodes is not None and free_inodes < MIN_FREE_INODES:
+        return (
+            f"its disk has {free_inodes} inodes (files) free, fewer than the "
+            f"{MIN_FREE_INODES} Inductor needs"
+        )
+    return None
+
+
+def _room(folder: str) -> str:
+    room = disk_room(folder)
+    if room is None:
+        return "free space unknown"
+    return f"{room[0]} MiB free" if room[0] else "less than 1 MiB free"
+
+
+def _switch_off_precompiled_headers() -> None:
+    from torch._inductor import config as inductor_config
+
+    inductor_config.cpp_cache_precompile_headers = False
+    inductor_config.aot_inductor.precompile_headers = False
+
+
+def _inductors_default() -> str:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # Dynamo has it
+
+    return default_cache_dir()
+
+
 def _under_temporary_folder(path: str) -> bool:
-    temporary = os.path.abspath(tempfile.gettempdir())
-    return os.path.commonpath([os.path.abspath(path), temporary]) == temporary
+    temporary = os.path.realpath(tempfile.gettempdir())
+    return os.path.commonpath([os.path.realpath(path), temporary]) == temporary
 
 
 def _machine_key() -> str:
     described = json.dumps(
-        [cpu_identity(), os.environ.get("ATEN_CPU_CAPABILITY", ""), gpu_identity()]
+        [cpu_identity(), os.environ.get("ATEN_CPU_CAPABILITY", ""), device_identity()],
+        sort_keys=True,
     )
     return hashlib.sha256(described.encode("utf-8")).hexdigest()[:16]

@@ -26,6 +26,7 @@ import torch
 from slotwise.cache_permissions import (
     make_private_directories,
     read_trusted_file,
+    resolve_trusted_directory,
     untrusted_directory,
     write_atomically,
 )
@@ -56,8 +57,7 @@ def install_isa_probe_cache(cache_root: str) -> None:
         return
     _installed_root = cache_root
     root = os.path.abspath(os.path.expanduser(cache_root))
-    folder = os.path.join(root, "isa_probe")
-    reason = untrusted_directory(folder, root)
+    folder, reason = resolve_trusted_directory(os.path.join(root, "isa_probe"), root)
     if reason is not None:
         logger.info(
             "ISA probe answers are not cached: %s; Inductor probes the CPU's vector ISAs "
@@ -65,7 +65,7 @@ def install_isa_probe_cache(cache_root: str) -> None:
             reason,
         )
         return
-    cpu_vec_isa.VecISA._probe_load = _cached_probe(probe, folder, root)
+    cpu_vec_isa.VecISA._probe_load = _cached_probe(probe, folder, os.path.dirname(folder))
 
 
 def _cached_probe(

@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from slotwise.compilation.cache.compile_cache import CompileCache
 from slotwise.compilation.compile_counters import counters
-from slotwise.compilation.compilers import Compiler, make_compiler
+from slotwise.compilation.compilers import Compiler, check_inductor_targets, make_compiler
 from slotwise.compilation.config import CompilationConfig, GraphMode
 from slotwise.compilation.splitting.fx_split import split_graph
 from slotwise.compilation.splitting.inductor_partition import (
@@ -28,7 +28,7 @@ from slotwise.compilation.static_graphs.wrapper import (
     piecewise_backend_cls,
 )
 from slotwise.compilation.warm_start.store import WarmStartStore
-from slotwise.platforms import Platform
+from slotwise.platforms import Platform, get_current_platform
 
 DynamoBackend = Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]
 
@@ -37,6 +37,9 @@ def as_is_backend(config: CompilationConfig) -> DynamoBackend:
     """Level 1: plain torch.compile with the configured compiler; Dynamo guards as usual."""
     if config.backend in ("eager", "inductor"):
         from torch._dynamo.backends.registry import lookup_backend
+
+        if config.backend == "inductor":
+            check_inductor_targets(get_current_platform())
 
         compile_graph = lookup_backend(config.backend)
     else:

@@ -1,12 +1,17 @@
-"""The one rule for static-graph modes: what works where, and which graphs act in a step.
+"""The one rule for static-graph modes: what works where, which mode a model runs with,
+and which graphs act in a step.
 
 Platform defaults, the graph wrappers, the ``ModelRunner``, ``slotwise env``,
 ``slotwise matrix`` and the bench all ask these functions, so they can never disagree
-about a mode, nor about why a config without one gets the mode it gets.
+about a mode, nor about why a model gets the mode it gets.  Where slotwise has no
+documented reason to differ, the semantics are vLLM's: graphs need compilation (level 2
+for FULL, level 3 for the pieces), nothing split means no piecewise graphs, and a model
+that runs uncompiled captures nothing.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
@@ -19,6 +24,8 @@ if TYPE_CHECKING:
     from slotwise.compilation.config import CompilationConfig
     from slotwise.forward_context import BatchDescriptor
     from slotwise.platforms import Platform
+
+logger = logging.getLogger("slotwise")
 
 
 def supported_graph_modes(
@@ -62,6 +69,157 @@ def require_graph_mode(mode: GraphMode, platform: Platform, attention_backend: t
     raise ConfigError(
         f"compilation config key 'graph_mode': {reason}; use graph_mode={supported[-1].name}"
     )
+
+
+def check_graph_mode_level(config: CompilationConfig) -> None:
+    """Raise ``ConfigError`` naming what to set when the level cannot capture the config's
+    graph mode.
+
+    Static graphs are captured around the code slotwise compiles: FULL graphs around the
+    model traced once (level 2 or 3), piecewise graphs around the pieces of level 3.
+    Level 0 runs the module's own forward and level 1 is plain ``torch.compile``, which
+    recompiles per size; neither has a place for a graph, so asking for one there is an
+    error rather than a mode silently ignored.
+    """
+    mode, level = config.graph_mode, config.level
+    if mode in (None, GraphMode.NONE):
+        return
+    needs_pieces = mode.has_piecewise_graphs
+    if level >= (CompilationLevel.PIECEWISE if needs_pieces else CompilationLevel.DYNAMO_ONCE):
+        return
+    needed = "level 3 (PIECEWISE)" if needs_pieces else "level 2 or 3"
+    other = "FULL or NONE" if level == CompilationLevel.DYNAMO_ONCE else "NONE"
+    raise ConfigError(
+        f"compilation config key 'graph_mode': {mode.name} graphs are captured around the "
+        f"model slotwise compiles and need {needed}, but level is {level.value} "
+        f"({level.name}); set level=3 or graph_mode={other}"
+    )
+
+
+def settle_graph_mode(
+    config: CompilationConfig,
+    platform: Platform,
+    attention_backends: Sequence[type] | None = None,
+    *,
+    compiled: bool = True,
+) -> None:
+    """Set ``config.graph_mode`` to the mode the model runs with; refuse what cannot work.
+
+    A config without a mode gets ``default_graph_mode``, logged with its reason; an
+    explicit mode is kept where it can work and otherwise changed with one warning that
+    says why.  In order:
+
+    - a mode the level cannot capture is a ``ConfigError`` (``check_graph_mode_level``);
+    - ``compiled=False`` (``TORCH_COMPILE_DISABLE=1``: the model runs eagerly) gives
+      NONE, which the caller's warning reports;
+    - a platform without a GraphAPI turns any mode to NONE;
+    - with nothing split (level 3, ``splitting_ops`` empty) the one piece holds the
+      attention too, which a piecewise graph would capture without its metadata:
+      PIECEWISE turns to NONE, FULL_AND_PIECEWISE to FULL where every attention backend
+      allows full graphs of any batch (``graph_support`` ALWAYS), else to NONE;
+    - a mode that still captures needs ``capture_sizes``: an explicit one without any is
+      a ``ConfigError``, a default one becomes NONE.
+
+    ``attention_backends``: the model's (None: the one the platform selects).
+    """
+    check_graph_mode_level(config)
+    if not compiled:
+        config.graph_mode = GraphMode.NONE
+        return
+    requested = config.graph_mode
+    supported = supported_graph_modes(platform)
+    if requested is None:
+        choice = default_graph_mode(platform, attention_backends, config.level)
+    elif requested not in supported:
+        choice = GraphModeChoice(
+            GraphMode.NONE,
+            f"platform {platform.name} supports graph modes "
+            f"{', '.join(mode.name for mode in supported)} only (static graphs need a GraphAPI)",
+        )
+    else:
+        choice = GraphModeChoice(requested, "")
+    if choice.mode.has_piecewise_graphs and _nothing_split(config):
+        choice = _without_split(choice.mode, platform, attention_backends)
+    if choice.mode != GraphMode.NONE and not config.capture_sizes:
+        if requested is not None:
+            raise ConfigError(
+                f"compilation config key 'capture_sizes': graph_mode {requested.name} "
+                f"captures graphs at the capture sizes, and there are none "
+                f"({_capture_sizes_setting(config)}); give capture_sizes (or a positive "
+                "max_capture_size), or set graph_mode=NONE"
+            )
+        choice = GraphModeChoice(
+            GraphMode.NONE,
+            f"there is nothing to capture ({_capture_sizes_setting(config)})",
+        )
+    if requested is None:
+        logger.info("graph_mode %s by default: %s", choice.mode.name, choice.reason)
+    elif choice.mode != requested:
+        logger.warning(
+            "graph_mode=%s turned to %s: %s", requested.name, choice.mode.name, choice.reason
+        )
+    config.graph_mode = choice.mode
+
+
+def _nothing_split(config: CompilationConfig) -> bool:
+    """Whether level 3 keeps the model as one piece (FX split or Inductor partition)."""
+    return config.level == CompilationLevel.PIECEWISE and not config.resolved_splitting_ops
+
+
+def _capture_sizes_setting(config: CompilationConfig) -> str:
+    """The settings that left no capture size (max_capture_size=0 derives no sizes, and
+    capture_sizes=[] derives max_capture_size 0)."""
+    if config.max_capture_size == 0:
+        return "capture_sizes=[], max_capture_size=0"
+    return "capture_sizes=[]"
+
+
+def _without_split(
+    mode: GraphMode, platform: Platform, attention_backends: Sequence[type] | None
+) -> GraphModeChoice:
+    """What ``mode`` (one with piecewise graphs) becomes when nothing is split."""
+    unsplit = (
+        "splitting_ops is [], so the model is one piece, attention included, and no "
+        "piecewise graph can leave attention out"
+    )
+    if mode == GraphMode.PIECEWISE:
+        return GraphModeChoice(
+            GraphMode.NONE,
+            f"{unsplit}; graph_mode=FULL captures the whole model where the attention "
+            "backend allows it",
+        )
+    if attention_backends is None:
+        backend, unselectable = _selected_backend(platform)
+        if backend is None:
+            return GraphModeChoice(
+                GraphMode.NONE,
+                f"{unsplit}, and full graphs need an attention backend that may be captured "
+                f"in them, but none was selected ({unselectable})",
+            )
+        attention_backends = [backend]
+    refusing = [cls for cls in attention_backends if not _captures_every_batch(cls)]
+    if refusing:
+        cls = refusing[0]
+        return GraphModeChoice(
+            GraphMode.NONE,
+            f"{unsplit}, and full graphs of every batch (FULL) cannot hold attention "
+            f"backend {cls.get_name()}, whose graph_support is {cls.graph_support.name}",
+        )
+    return GraphModeChoice(
+        GraphMode.FULL,
+        f"{unsplit}; full graphs of the whole model (FULL) capture every batch instead",
+    )
+
+
+def sizes_padding_never_reaches(config: CompilationConfig) -> list[int]:
+    """The ``compile_sizes`` no step of ``slotwise.runner`` ever runs at: with graphs, a
+    step of up to the largest capture size is padded to a capture size, so a compile size
+    below it that is not a capture size is never a step's size."""
+    if config.graph_mode in (None, GraphMode.NONE) or not config.capture_sizes:
+        return []
+    largest = config.capture_sizes[-1]
+    captured = set(config.capture_sizes)
+    return [size for size in config.compile_sizes if size < largest and size not in captured]
 
 
 def step_graph_mode(
@@ -193,6 +351,11 @@ def attention_backends_of(module: torch.nn.Module) -> list[type]:
 def _captures_uniform_decodes(attention_backend: type) -> bool:
     support = getattr(attention_backend, "graph_support", None)
     return support is None or support.captures(uniform_decode_only=True)
+
+
+def _captures_every_batch(attention_backend: type) -> bool:
+    support = getattr(attention_backend, "graph_support", None)
+    return support is None or support.captures(uniform_decode_only=False)
 
 
 def _selected_backend(platform: Platform) -> tuple[type | None, str]:

@@ -4,7 +4,8 @@ Dynamo takes a few facts as fixed for the life of a process and bakes them into 
 constants, guarding none of them: the distributed rank and world size, which accelerators
 exist and their properties, inference mode, and its own configuration. Another process may
 differ in any of them, so the cold process saves them with the trace and a warm process
-compares them with its own (:func:`unguarded_facts`). :func:`plain_repr`, the stable text
+compares them with its own (:func:`unguarded_facts`). The device is described by its
+platform (``Platform.device_identity``), never probed here. :func:`plain_repr`, the stable text
 Dynamo's configuration is hashed with, also describes the model in the store's entry names.
 """
 
@@ -17,33 +18,27 @@ from typing import Any
 
 import torch
 
+from slotwise.compilation.cache.hardware_identity import device_identity
+
 _PLAIN = (type(None), bool, int, float, complex, str)
 
 
 def unguarded_facts() -> dict[str, Any]:
     """What Dynamo folds into a graph as a constant without a guard (it assumes the
-    process never changes them): distributed rank and world size, the accelerators and
-    their properties, inference mode; and Dynamo's own configuration."""
+    process never changes them): distributed rank and world size, the accelerator and
+    the platform's device, inference mode; and Dynamo's own configuration."""
     import torch.distributed as dist
 
     distributed = dist.is_available() and dist.is_initialized()
-    cuda = torch.cuda.is_initialized()
+    accelerator = torch.accelerator.current_accelerator()
     return {
         "distributed": [dist.get_rank(), dist.get_world_size()] if distributed else None,
-        "cuda_available": torch.cuda.is_available(),
-        "cuda_devices": [_cuda_device(i) for i in range(torch.cuda.device_count())]
-        if cuda
-        else None,
-        "accelerator_available": torch.accelerator.is_available(),
+        "accelerator": None if accelerator is None else accelerator.type,
+        "device": device_identity(),
         "privateuse1_backend": torch._C._get_privateuse1_backend_name(),
         "inference_mode": torch.is_inference_mode_enabled(),
         "dynamo_config": _dynamo_config_hash(),
     }
-
-
-def _cuda_device(index: int) -> list[Any]:
-    properties = torch.cuda.get_device_properties(index)
-    return [properties.name, properties.major, properties.minor, properties.total_memory]
 
 
 def _dynamo_config_hash() -> str:

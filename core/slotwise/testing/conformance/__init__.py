@@ -20,6 +20,7 @@ CHECKS = (
     "loading",
     "interface",
     "probe",
+    "device",
     "attention",
     "custom_ops",
     "compile",

@@ -8,6 +8,7 @@ imports: this module uses only the standard library.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,17 +93,65 @@ def _check_order(check: str) -> tuple[int, str]:
     return (CHECKS.index(check) if check in CHECKS else len(CHECKS), check)
 
 
-def write_report(path: Path, platform: str, exit_status: int, tests: list[TestOutcome]) -> None:
+@dataclass
+class RunningTest:
+    """The test in progress when the report was written: a process that ends in the
+    middle of a test (a crash, ``os._exit``, the time limit's last resort) leaves it in
+    the report, so ``slotwise conformance`` can say which test it was and what it called.
+
+    ``started`` is the wall-clock time (``time.time()``) the test began; ``calling`` the
+    platform call it was in, as ``target.calling`` names it, or ""; ``time_limit_s`` the
+    limit it ran under (0: none).
+    """
+
+    nodeid: str
+    check: str
+    name: str
+    started: float
+    time_limit_s: float
+    calling: str = ""
+
+
+def exceeded_message(platform: str, running: RunningTest) -> str:
+    """The failure of ``running``, which exceeded its time limit."""
+    calling = f" while calling {running.calling}" if running.calling else ""
+    return (
+        f"platform {platform!r}: {running.check} :: {running.name} exceeded "
+        f"{running.time_limit_s:g} s{calling}, the time limit of each test (`slotwise "
+        "conformance NAME --timeout S`, `pytest --slotwise-timeout=S`)"
+    )
+
+
+def write_report(
+    path: Path,
+    platform: str,
+    exit_status: int | None,
+    tests: list[TestOutcome],
+    *,
+    running: RunningTest | None = None,
+    selected: int | None = None,
+) -> None:
+    """Write the report at ``path`` in one step (a reader never sees half of one):
+    ``exit_status`` None while the session runs, ``selected`` the suite's tests after
+    deselection, when known."""
     data = {
         "platform": platform,
         "exit_status": exit_status,
+        "selected": selected,
+        "running": asdict(running) if running is not None else None,
         "tests": [asdict(test) for test in tests],
     }
-    Path(path).write_text(json.dumps(data, indent=2))
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(data, indent=2))
+    os.replace(partial, path)
 
 
 def read_report(path: Path) -> dict[str, Any]:
-    """The report at ``path``, its tests as ``TestOutcome`` objects."""
+    """The report at ``path``, its tests as ``TestOutcome`` objects and its running
+    test, if any, as a ``RunningTest``."""
     data = json.loads(Path(path).read_text())
     data["tests"] = [TestOutcome(**test) for test in data["tests"]]
+    running = data.get("running")
+    data["running"] = RunningTest(**running) if running else None
     return data

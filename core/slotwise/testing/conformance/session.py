@@ -9,18 +9,35 @@ the suite's tests ended, optionally writes that as a JSON report, and puts
 A check that applies to the platform but cannot run here (``target.not_run``: the
 communicator with one visible device) is a skip to pytest, recorded as not run: the
 terminal summary names it, and with ``--slotwise-require-all`` it fails the session.
+
+Every failure names the platform: an exception a check did not catch (the platform's
+or the kit's own) fails its test as "platform 'NAME': unexpected ...", with its
+traceback.  Each test runs under a time limit (``time_limit``).  With a report path, the
+report is also written as each test starts, naming it (and the platform call it is in,
+``target.calling``): a process that ends in the middle of a test (``os._exit``, a crash
+in native code, the time limit's last resort) leaves behind which test it was.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Generator
+import time
+import traceback
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 from slotwise.testing.conformance import CHECKS, check_of
-from slotwise.testing.conformance.report import TestOutcome, not_run_verdict, write_report
+from slotwise.testing.conformance.report import (
+    RunningTest,
+    TestOutcome,
+    exceeded_message,
+    not_run_verdict,
+    write_report,
+)
+from slotwise.testing.conformance.time_limit import TimeLimit
 
 #: Which phase's outcome is the test's: a skip in any phase skips it, unless one failed.
 PHASE_PRECEDENCE = ("error", "failed", "skipped", "passed")
@@ -32,6 +49,25 @@ class CheckNotRun(pytest.skip.Exception):
     """Raised by ``target.not_run``: the check applies, but this machine cannot run it."""
 
 
+#: The session of this process's conformance run, for ``target.calling``.
+_active: ConformanceSession | None = None
+
+
+@contextlib.contextmanager
+def calling(what: str) -> Iterator[None]:
+    """Name the platform call in progress (``"synchronize()"``) in the running test's
+    record, so a process that ends or hangs inside it is reported with it."""
+    session = _active
+    if session is None or session.running is None:
+        yield
+        return
+    session.note_call(what)
+    try:
+        yield
+    finally:
+        session.note_call("")
+
+
 class ConformanceSession:
     def __init__(
         self,
@@ -39,13 +75,27 @@ class ConformanceSession:
         report_path: Path | None,
         previous_env: str | None,
         require_all: bool = False,
+        time_limit_s: float = 0,
+        stderr_fd: int | None = None,
     ) -> None:
+        """``stderr_fd``: a copy of pytest's stderr that its capture does not redirect,
+        for the time limit's messages; the session closes it.  Needed for a limit > 0."""
+        global _active
         self.platform = platform
         self.report_path = report_path
         self.previous_env = previous_env
         self.require_all = require_all
         self.outcomes: dict[str, TestOutcome] = {}
         self.checks: dict[str, str] = {}
+        self.running: RunningTest | None = None
+        self.selected: int | None = None
+        self.stderr_fd = stderr_fd
+        self.time_limit = TimeLimit(
+            time_limit_s if stderr_fd is not None else 0,
+            stderr_fd if stderr_fd is not None else 2,
+            self._record_hang,
+        )
+        _active = self
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -55,6 +105,83 @@ class ConformanceSession:
             if check is not None:
                 self.checks[item.nodeid] = check
         items.sort(key=lambda item: _rank(self.checks.get(item.nodeid)))
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.selected = sum(1 for item in session.items if item.nodeid in self.checks)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(
+        self, item: pytest.Item, nextitem: pytest.Item | None
+    ) -> Generator[None, object, object]:
+        """Each of the suite's tests under the time limit, recorded as running meanwhile."""
+        check = self.checks.get(item.nodeid)
+        if check is None:
+            return (yield)
+        self.running = RunningTest(
+            item.nodeid, check, _test_name(item.nodeid), time.time(), self.time_limit.limit_s
+        )
+        self._write_report(None)
+        self.time_limit.start(self._exceeded)
+        try:
+            return (yield)
+        finally:
+            self.time_limit.stop()
+            self.running = None
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> Generator[None, object, object]:
+        """An exception a check did not expect fails the test naming the platform, where
+        it was raised, and with its traceback (the platform's code or the kit's)."""
+        if pyfuncitem.nodeid not in self.checks:
+            return (yield)
+        try:
+            return (yield)
+        except Exception as exc:
+            raise pytest.fail.Exception(
+                f"platform {self.platform!r}: unexpected {type(exc).__name__}{_where(exc)}: {exc}",
+                pytrace=True,
+            ) from exc
+
+    def note_call(self, what: str) -> None:
+        if self.running is not None:
+            self.running.calling = what
+            self._write_report(None)
+
+    def _exceeded(self) -> str:
+        """The failure of a running test past the time limit."""
+        running = self.running
+        if running is None:
+            return f"platform {self.platform!r}: a test exceeded the time limit"
+        return exceeded_message(self.platform, running)
+
+    def _record_hang(self, message: str) -> None:
+        """Stage 2 of the time limit, before it ends the process: the running test failed."""
+        running = self.running
+        if running is not None:
+            self.outcomes[running.nodeid] = TestOutcome(
+                running.check, running.name, "failed", message, time.time() - running.started
+            )
+        self._write_report(int(pytest.ExitCode.TESTS_FAILED))
+
+    def _write_report(self, exit_status: int | None) -> None:
+        """The report as it stands; while the session runs (``exit_status`` None), without
+        the running test's outcome, which is that of the phases it has finished so far."""
+        if self.report_path is None:
+            return
+        running = self.running
+        tests = [
+            outcome
+            for nodeid, outcome in self.outcomes.items()
+            if exit_status is not None or running is None or nodeid != running.nodeid
+        ]
+        write_report(
+            self.report_path,
+            self.platform,
+            exit_status,
+            tests,
+            running=running,
+            selected=self.selected,
+        )
 
     def pytest_collectstart(self, collector: pytest.Collector) -> None:
         check = check_of(collector.path)
@@ -66,7 +193,7 @@ class ConformanceSession:
         check = self.checks.get(report.nodeid)
         if report.failed and check is not None:
             self.outcomes[report.nodeid] = TestOutcome(
-                check, report.nodeid.rpartition("/")[2], "error", _message(report)
+                check, report.nodeid.rpartition("/")[2], "error", self._message(report)
             )
 
     @pytest.hookimpl(wrapper=True)
@@ -85,12 +212,12 @@ class ConformanceSession:
             return
         outcome = _outcome(report)
         recorded = self.outcomes.setdefault(
-            report.nodeid, TestOutcome(check, report.nodeid.partition("::")[2], "passed")
+            report.nodeid, TestOutcome(check, _test_name(report.nodeid), "passed")
         )
         recorded.duration += report.duration
         if PHASE_PRECEDENCE.index(outcome) < PHASE_PRECEDENCE.index(recorded.outcome):
             recorded.outcome = outcome
-            recorded.message = _message(report)
+            recorded.message = self._message(report)
             recorded.not_run = outcome == "skipped" and (NOT_RUN_PROPERTY, True) in (
                 report.user_properties
             )
@@ -101,13 +228,8 @@ class ConformanceSession:
         report with the final exit status."""
         if self.require_all and self._not_run() and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        if self.report_path is not None:
-            write_report(
-                self.report_path,
-                self.platform,
-                int(session.exitstatus),
-                list(self.outcomes.values()),
-            )
+        self.running = None
+        self._write_report(int(session.exitstatus))
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         """The checks not run, by name and reason, where pytest shows only "N skipped"."""
@@ -119,11 +241,42 @@ class ConformanceSession:
     def _not_run(self) -> list[TestOutcome]:
         return [test for test in self.outcomes.values() if test.not_run]
 
+    def _message(self, report: pytest.TestReport | pytest.CollectReport) -> str:
+        """Why a test did not pass, prefixed with the platform's name if it is not yet
+        (a failing setup, teardown or import of the suite's own code)."""
+        message = _message(report)
+        prefix = f"platform {self.platform!r}: "
+        return message if message.startswith(prefix) else prefix + message
+
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        global _active
+        self.time_limit.stop()
+        if self.stderr_fd is not None:
+            os.close(self.stderr_fd)
+            self.stderr_fd = None
+        if _active is self:
+            _active = None
         if self.previous_env is None:
             os.environ.pop("SLOTWISE_PLATFORM", None)
         else:
             os.environ["SLOTWISE_PLATFORM"] = self.previous_env
+
+
+def _where(exc: BaseException) -> str:
+    """Where ``exc`` was raised and, if that is not in the suite's code, the line of the
+    check that made the call: tells the platform's problems from the kit's."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    where = f" in {frames[-1].name} ({frames[-1].filename}:{frames[-1].lineno})"
+    checks = [frame for frame in frames if check_of(Path(frame.filename)) is not None]
+    if checks and checks[-1] is not frames[-1]:
+        where += f", called by the check at {Path(checks[-1].filename).name}:{checks[-1].lineno}"
+    return where
+
+
+def _test_name(nodeid: str) -> str:
+    return nodeid.partition("::")[2]
 
 
 def _rank(check: str | None) -> int:

@@ -3,6 +3,10 @@
 The pytest plugin sets ``SLOTWISE_PLATFORM`` from ``--slotwise-platform`` and
 resolves the platform before collection, so a check only reads what is set; a
 suite module run without the plugin fails here with the command to use instead.
+
+The kit's own checks of a result (finite, close, equal) run on ``host`` copies: a
+device need only implement the ops slotwise itself runs, not every op a check uses.
+``calling`` names a platform call in progress, for a process that ends inside it.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import torch
 
 from slotwise import envs
 from slotwise.platforms import Platform, get_current_platform
-from slotwise.testing.conformance.session import CheckNotRun
+from slotwise.testing.conformance.session import CheckNotRun, calling
+
+__all__ = ["calling", "expect_tensor", "fail", "host", "not_run", "platform", "skip"]
 
 
 def platform_name() -> str:
@@ -83,3 +89,9 @@ def expect_tensor(
         problems.append(f"device {got.device}, expected {device}")
     if problems:
         fail(f"{what} has " + "; ".join(problems))
+
+
+def host(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` on the host, where the kit checks it: a device may lack ops (``abs``
+    for bfloat16, say) that slotwise never runs on it but a check would."""
+    return tensor.detach().cpu()

@@ -13,7 +13,9 @@ layer's scale fails, and several query heads per key/value head, so a backend pa
 query heads with the wrong key/value head fails; the scenarios put cached prefixes,
 queries and decodes on and across block boundaries, where a causal mask that is not
 offset by the cached context shows.  A failure names the worst element (token,
-request, position, head, dim) with enough digits to see it differ.
+request, position, head, dim) with enough digits to see it differ.  The output is
+checked on a host copy (padding rows included), never with ops of the kit's own on
+the device.
 
 Every dtype the backend serves is checked, each against a bound derived from its
 precision and the reduction lengths (``tolerance.attention_bound``), on the scenarios
@@ -294,11 +296,12 @@ class Case:
             device=self.device,
         )
         expected = self.reference.step_terms(
-            q, k, v, AttentionMetadataBuilder(self.block_size).build(*lengths)
+            q, k, v, AttentionMetadataBuilder(self.block_size, "cpu").build(*lengths)
         )
-        got = out[:num_tokens].view(expected.out.shape).double().cpu()
+        on_host = target.host(out)
+        got = on_host[:num_tokens].view(expected.out.shape).double()
         self.compare(got, expected, batch, f"{what}, {self.description}")
-        if not bool(out[num_tokens:].isfinite().all()):
+        if not bool(on_host[num_tokens:].isfinite().all()):
             target.fail(
                 f"attention backend {self.backend.get_name()} wrote non-finite values into the "
                 f"padding rows of {label}; padding requests decode one token on a scratch "
@@ -313,7 +316,7 @@ class Case:
         q, k, v = self.random_qkv(metadata.num_actual_tokens)
         chunk = ", ".join(f"{q}+{c}" for q, c, _ in batch)
         self.run_eagerly(f"a step writing the long context ({chunk})", metadata, q, k, v)
-        self.reference.store(k, v, AttentionMetadataBuilder(self.block_size).build(*lengths))
+        self.reference.store(k, v, AttentionMetadataBuilder(self.block_size, "cpu").build(*lengths))
 
     def random_qkv(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k and v of a step, on the CPU in the case's dtype; every head distinct."""

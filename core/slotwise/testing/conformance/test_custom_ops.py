@@ -140,7 +140,8 @@ def compare(
     expected = expected.double()
     row_scale = expected.square().mean(dim=-1, keepdim=True).sqrt()
     allowed = reduction_bound(expected, row_scale, dtype, reduction)
-    error = (got.double().cpu() - expected).abs()
+    got = target.host(got).double()
+    error = (got - expected).abs()
     if bool((error <= allowed).all()):
         return
     ratio = torch.nan_to_num(error / allowed, nan=float("inf"))
@@ -174,6 +175,13 @@ def _on(value: Any, device: str, dtype: torch.dtype) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(device)
     return value
+
+
+def _on_host(value: Any) -> Any:
+    """An op's output (a tensor or a tuple of them) on the host, where it is compared."""
+    if isinstance(value, tuple):
+        return tuple(_on_host(item) for item in value)
+    return target.host(value) if isinstance(value, torch.Tensor) else value
 
 
 def _copy(value: Any) -> Any:
@@ -232,7 +240,9 @@ def test_custom_op_compiles_at_level_3_for_every_batch_size(op_name: str) -> Non
                 )
             expected = layer.forward_native(*sized)
             try:
-                torch.testing.assert_close(got, expected, atol=TOLERANCE, rtol=TOLERANCE)
+                torch.testing.assert_close(
+                    _on_host(got), _on_host(expected), atol=TOLERANCE, rtol=TOLERANCE
+                )
             except AssertionError as exc:
                 target.fail(
                     f"custom op {op_name!r} ({layer.implementation} implementation) compiled "

@@ -124,24 +124,49 @@ def test_methods_accept_unknown_keyword_arguments() -> None:
         )
 
 
+def _is_capability(value: Any) -> bool:
+    return value is None or (
+        isinstance(value, tuple) and len(value) == 2 and all(type(v) is int for v in value)
+    )
+
+
+#: The device queries: (method, valid answer, what is expected, whether a platform must
+#: implement it), as docs/plugin-authors.md lists them.
+DEVICE_QUERIES: list[tuple[str, Any, str, bool]] = [
+    ("get_device_name", lambda v: isinstance(v, str) and v, "a non-empty str", True),
+    ("get_device_capability", _is_capability, "None or a (major, minor) tuple of ints", True),
+    ("total_memory", lambda v: type(v) is int and v > 0, "a positive int (bytes)", True),
+    (
+        "current_memory_usage",
+        lambda v: type(v) is int and v >= 0,
+        "an int >= 0 (bytes)",
+        False,  # for `slotwise env` and capture reports only
+    ),
+]
+
+
 def test_device_queries_answer_with_the_documented_types() -> None:
-    """Queries a platform does not implement yet may raise NotImplementedError; the rest
-    must answer with what callers format and compare."""
+    """Each query, on the first and the last visible device, answers with what callers
+    format and compare; only an optional one may raise NotImplementedError."""
     platform = target.platform()
-    checks: list[tuple[str, Any, str]] = [
-        ("get_device_name", lambda v: isinstance(v, str) and v, "a non-empty str"),
-        ("get_device_capability", _is_capability, "None or a (major, minor) tuple of ints"),
-        ("total_memory", lambda v: type(v) is int and v > 0, "a positive int (bytes)"),
-        ("current_memory_usage", lambda v: type(v) is int and v >= 0, "an int >= 0 (bytes)"),
-    ]
+    count = platform.device_count()
+    devices = sorted({0, count - 1}) if type(count) is int and count >= 1 else [0]
     problems = []
-    for method, valid, expected in checks:
-        try:
-            value = getattr(platform, method)(0)
-        except NotImplementedError:
-            continue
-        if not valid(value):
-            problems.append(f"{method}(0) returned {value!r}, expected {expected}")
+    for method, valid, expected, required in DEVICE_QUERIES:
+        for device in devices:
+            call = f"{method}({device})"
+            try:
+                with target.calling(call):
+                    value = getattr(platform, method)(device)
+            except NotImplementedError as exc:
+                if required:
+                    problems.append(f"{call} raised NotImplementedError ({exc}); implement it")
+                break
+            except Exception as exc:  # noqa: BLE001 - reported with the query that raised it
+                problems.append(f"{call} raised {type(exc).__name__}: {exc}")
+                continue
+            if not valid(value):
+                problems.append(f"{call} returned {value!r}, expected {expected}")
     if problems:
         target.fail("; ".join(problems))
 
@@ -172,12 +197,6 @@ def test_advise_resident_memory_keeps_addresses_and_values() -> None:
             f"advise_resident_memory() {' and '.join(problems)}; it may change how memory "
             "is mapped (huge pages), never a tensor's address, values or layout"
         )
-
-
-def _is_capability(value: Any) -> bool:
-    return value is None or (
-        isinstance(value, tuple) and len(value) == 2 and all(type(v) is int for v in value)
-    )
 
 
 def _defining_class(cls: type, method: str) -> str:

@@ -1,0 +1,146 @@
+"""Checkpoint tensors are read from file descriptors, slice by slice, as the safetensors
+library reads them; a header that library refuses is refused with one error naming the
+file.  The library is the oracle: slotwise does not memory-map the files, so a file
+cut short under it is an error, not SIGBUS (tests/cli/test_generate_file_errors.py)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from slotwise.models import CheckpointError
+from slotwise.models.checkpoint import Checkpoint
+
+pytestmark = pytest.mark.usefixtures("never_hang")
+
+#: name -> tensor: narrow and wide rows (column slices whose runs lie closer or farther
+#: apart than a page), three dimensions, a scalar, an empty tensor, each float dtype.
+TENSORS = {
+    "narrow": torch.arange(37 * 53, dtype=torch.float32).reshape(37, 53).to(torch.bfloat16),
+    "wide": torch.arange(64 * 3000, dtype=torch.float32).reshape(64, 3000).half(),
+    "cube": torch.arange(4 * 3 * 2048, dtype=torch.float32).reshape(4, 3, 2048),
+    "scalar": torch.tensor(3.5, dtype=torch.float64),
+    "empty": torch.empty(0, 4),
+    "vector": torch.arange(11, dtype=torch.float32),
+}
+SLICES = [
+    (slice(None),),
+    (slice(3, 9),),
+    (slice(None), slice(10, 20)),
+    (slice(None), slice(1500, 3000)),
+    (slice(1, None), slice(None, -1)),
+    (slice(5, 5),),
+    (Ellipsis, slice(1, 2)),
+    (slice(1, 3), slice(1, 2)),
+    (slice(None), slice(None), slice(0, 10)),
+    (slice(1, 3), slice(0, 2), slice(5, 2000)),
+]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("tensors")
+    save_file(TENSORS, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+@pytest.mark.parametrize("name", TENSORS)
+def test_every_slice_equals_what_safetensors_reads(folder, name):
+    with Checkpoint(folder) as checkpoint, safe_open(folder / "model.safetensors", "pt") as file:
+        ours, theirs = checkpoint.tensor(name), file.get_slice(name)
+        assert ours.shape == tuple(theirs.get_shape()) and ours.dtype == theirs.get_dtype()
+        for index in SLICES:
+            if len([i for i in index if i is not Ellipsis]) > TENSORS[name].dim():
+                continue
+            expected = theirs[index]
+            got = ours[index]
+            assert got.dtype == expected.dtype and torch.equal(got, expected), index
+
+
+def test_the_bytes_read_are_those_of_the_slices(folder):
+    with Checkpoint(folder) as checkpoint:
+        checkpoint.tensor("wide")[:, 100:200]
+        checkpoint.tensor("cube")[1:2]
+        assert checkpoint.bytes_read == 64 * 100 * 2 + 3 * 2048 * 4
+
+
+def test_a_tensor_on_the_default_device_is_read_into_the_cpus_memory(folder):
+    with torch.device("meta"), Checkpoint(folder) as checkpoint:
+        tensor = checkpoint.tensor("vector")[:]
+    assert tensor.device.type == "cpu" and torch.equal(tensor, TENSORS["vector"])
+
+
+def header_of(path: Path) -> tuple[dict, bytes]:
+    data = path.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    return json.loads(data[8 : 8 + length]), data[8 + length :]
+
+
+def write(path: Path, header: dict | str, data: bytes) -> None:
+    text = header if isinstance(header, str) else json.dumps(header)
+    path.write_bytes(struct.pack("<Q", len(text)) + text.encode() + data)
+
+
+def corrupt(header: dict, data: bytes, change: str) -> tuple[dict | str, bytes]:
+    if change == "unknown dtype":
+        header["vector"]["dtype"] = "F12"
+    elif change == "offsets unlike the shape":
+        header["vector"]["shape"] = [12]
+    elif change == "a gap between tensors":
+        begin, end = header["vector"]["data_offsets"]
+        header["vector"]["data_offsets"] = [begin + 4, end + 4]
+        data += b"\0" * 4
+    elif change == "bytes after the tensors":
+        data += b"\0" * 8
+    elif change == "data cut short":
+        data = data[:-8]
+    elif change == "metadata of numbers":
+        header["__metadata__"] = {"format": 1}
+    elif change == "not an object":
+        return "[1, 2]", data
+    elif change == "not JSON":
+        return '{"vector": ', data
+    elif change == "a negative size":
+        header["vector"]["shape"] = [-11]
+    return header, data
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "unknown dtype",
+        "offsets unlike the shape",
+        "a gap between tensors",
+        "bytes after the tensors",
+        "data cut short",
+        "metadata of numbers",
+        "not an object",
+        "not JSON",
+        "a negative size",
+    ],
+)
+def test_a_header_safetensors_refuses_is_refused_naming_the_file(folder, tmp_path, change):
+    header, data = header_of(folder / "model.safetensors")
+    path = tmp_path / "model.safetensors"
+    write(path, *corrupt(header, data, change))
+    with pytest.raises(SafetensorError):
+        safe_open(path, "pt")
+    with pytest.raises(CheckpointError) as caught:
+        Checkpoint(tmp_path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: not a readable safetensors file (")
+    assert message.endswith("it is truncated or corrupt: download or save it again")
+
+
+@pytest.mark.parametrize("size", [0, 5, 8 + 100])
+def test_a_file_shorter_than_its_header_is_refused(tmp_path, size):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes((1000).to_bytes(8, "little").ljust(size, b" ")[:size])
+    with pytest.raises(CheckpointError, match="not a readable safetensors file"):
+        Checkpoint(tmp_path)
