@@ -31,10 +31,10 @@ class BatchDescriptor:
 @dataclass
 class ForwardContext:
     attn_metadata: Any = None
-    #: The step's graph mode (NONE, PIECEWISE or FULL), decided once by the ModelRunner
-    #: (``step_graph_mode``) and trusted by the static-graph wrappers. None (a context set
-    #: by a test or the conformance kit) makes the wrappers apply the runner's rule to the
-    #: size and ``batch_descriptor`` themselves.
+    #: The step's graph mode (NONE, PIECEWISE or FULL), decided once by the model's
+    #: ``GraphDispatcher`` (``GraphDispatcher.step`` sets it for callers that run a model
+    #: themselves); each static-graph wrapper acts only in steps of its own mode.  None
+    #: is NONE: no graphs.
     graph_mode: GraphMode | None = None
     batch_descriptor: BatchDescriptor | None = None
     #: Free-form per-step values for plugins (e.g. a vendor's stream handle).

@@ -81,7 +81,7 @@ def with_huge_integer(path: Path) -> None:
     path.write_text(f'{text[:-1].rstrip()}, "extra": {HUGE}}}')
 
 
-@pytest.mark.parametrize("name", ["generation_config.json", "tokenizer_config.json"])
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json", "tokenizer_config.json"])
 def test_an_integer_past_pythons_digit_limit_is_named(folder, generate, name):
     with_huge_integer(folder / name)
     code, err = generate(folder)

@@ -117,7 +117,6 @@ UNCHECKED_GRAPHS = """
     from slotwise.plugin_api import CompiledPiecewiseBackend, GraphMode, RecordedGraphAPI
     from slotwise.plugin_api import try_get_forward_context
     from slotwise.compilation import counters
-    from slotwise.compilation.static_graphs.graph_modes import step_graph_mode
 
     class UncheckedGraphsBackend(CompiledPiecewiseBackend):
         def __init__(self, graph, config, **kwargs):
@@ -128,13 +127,7 @@ UNCHECKED_GRAPHS = """
         def __call__(self, *args):
             size = self.runtime_size(args)
             context = try_get_forward_context()
-            mode = step_graph_mode(
-                self.config,
-                size,
-                context and context.batch_descriptor,
-                requested=context and context.graph_mode,
-            )
-            if mode != GraphMode.PIECEWISE:
+            if context is None or context.graph_mode != GraphMode.PIECEWISE:
                 return super().__call__(*args)
             if size in self.graphs:
                 graph, outputs = self.graphs[size]

@@ -97,7 +97,7 @@ STALE_GRAPHS_PLUGIN = """
 #: returning them: it never reads the inputs again, nor checks their addresses.
 REMEMBERING_GRAPHS = """
     from slotwise.compilation import CompiledPiecewiseBackend, GraphMode, counters
-    from slotwise.compilation.static_graphs.graph_modes import step_graph_mode
+    from slotwise.forward_context import try_get_forward_context
 
     class RememberingBackend(CompiledPiecewiseBackend):
         def __init__(self, graph, config, **kwargs):
@@ -107,7 +107,8 @@ REMEMBERING_GRAPHS = """
 
         def __call__(self, *args):
             size = self.runtime_size(args)
-            if step_graph_mode(self.config, size) != GraphMode.PIECEWISE:
+            context = try_get_forward_context()
+            if context is None or context.graph_mode != GraphMode.PIECEWISE:
                 return super().__call__(*args)
             if size in self.remembered:
                 return self.remembered[size]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slotwise.compilation import CompilationConfig, counters
+from slotwise.compilation import CompilationConfig, GraphMode, counters
 from slotwise.compilation.static_graphs.contract import StaticGraphError, reset_capture_window
+from slotwise.compilation.static_graphs.dispatcher import CaptureCase, GraphDispatcher
 from slotwise.platforms import get_current_platform
 from slotwise.runner.capture import capture_graphs
 from slotwise.runner.static_inputs import StaticInputBuffers
@@ -24,43 +25,71 @@ def captured(graph_api):
     )
     torch.manual_seed(0)
     model = SillyModel(compilation_config=config)
+    dispatcher = GraphDispatcher.for_model(model)
     buffers = StaticInputBuffers(4, {"x": ((8,), torch.float32)}, "cpu")
     sizes_seen = []
 
-    def run_step(size: int) -> None:
-        sizes_seen.append(size)
-        model(buffers.fill(size, x=torch.zeros(size, 8))["x"])
+    def run_case(case: CaptureCase) -> None:
+        sizes_seen.append(case.size)
+        with dispatcher.step(case.size, uniform_decode=case.uniform_decode):
+            model(buffers.fill(case.size, x=torch.zeros(case.size, 8))["x"])
 
+    plan = [CaptureCase(size, GraphMode.PIECEWISE, False) for size in (1, 4, 2)]
     with counters.expect(num_graphs_captured=9):
         reports = capture_graphs(
-            run_step, [1, 4, 2], get_current_platform(), runs_per_size=2, progress=False
+            run_case, plan, get_current_platform(), runs_per_size=2, progress=False
         )
-    yield model, buffers, reports, sizes_seen
+    yield model, dispatcher, buffers, reports, sizes_seen
     reset_capture_window()
 
 
 def test_every_size_is_captured_largest_first_with_a_report(captured):
-    _, _, reports, sizes_seen = captured
+    _, _, _, reports, sizes_seen = captured
     assert [report.size for report in reports] == [4, 2, 1]
     assert sizes_seen == [4, 4, 2, 2, 1, 1]
     assert all(report.seconds > 0 for report in reports)
+    assert all(report.graphs == 3 for report in reports)
+
+
+def test_every_case_of_a_size_runs_in_each_round(graph_api):
+    seen = []
+    plan = [
+        CaptureCase(size, mode, uniform)
+        for size in (1, 2)
+        for mode, uniform in ((GraphMode.FULL, True), (GraphMode.PIECEWISE, False))
+    ]
+    capture_graphs(seen.append, plan, get_current_platform(), runs_per_size=2, progress=False)
+    reset_capture_window()
+    assert [(case.size, case.uniform_decode) for case in seen] == [
+        (2, True),
+        (2, False),
+        (2, True),
+        (2, False),
+        (1, True),
+        (1, False),
+        (1, True),
+        (1, False),
+    ]
 
 
 def test_callers_tensors_of_any_address_go_through_the_static_buffers(captured):
-    model, buffers, _, _ = captured
+    model, dispatcher, buffers, _, _ = captured
     torch.manual_seed(0)
     reference = SillyModel(compilation_config=CompilationConfig(level=0))
-    for size, padded in ((3, 4), (2, 2), (1, 1)):
-        x = torch.randn(size, 8)
-        out = model(buffers.fill(padded, x=x)["x"])[:size]
-        torch.testing.assert_close(out, reference(x))
+    with counters.expect(num_graphs_captured=0):
+        for size in (3, 2, 1):
+            x = torch.randn(size, 8)
+            with dispatcher.step(size) as graphs:
+                out = model(buffers.fill(graphs.padded_size, x=x)["x"])[:size]
+            torch.testing.assert_close(out, reference(x))
 
 
 def test_after_the_capture_step_only_uncaptured_sizes_run_without_error(captured):
-    model, _, _, _ = captured
+    model, dispatcher, _, _, _ = captured
     with counters.expect(num_graphs_captured=0):
         for _ in range(3):
-            model(torch.randn(3, 8))  # not a capture size: runs without graphs
+            with dispatcher.step(5):  # above every capture size: runs without graphs
+                model(torch.randn(5, 8))
 
 
 def test_a_capture_size_the_step_missed_is_an_error_after_the_window(graph_api):
@@ -68,18 +97,24 @@ def test_a_capture_size_the_step_missed_is_an_error_after_the_window(graph_api):
         level=3, backend="eager", splitting_ops=TOY_SPLITTING_OPS, capture_sizes=[1, 2]
     )
     model = SillyModel(compilation_config=config)
+    dispatcher = GraphDispatcher.for_model(model)
     buffer = torch.zeros(2, 8)
+
+    def run(size: int) -> None:
+        with dispatcher.step(size):
+            model(buffer[:size])
+
     try:
         capture_graphs(
-            lambda size: model(buffer[:size]),
-            [2],
+            lambda case: run(case.size),
+            [CaptureCase(2, GraphMode.PIECEWISE, False)],
             get_current_platform(),
             runs_per_size=2,
             progress=False,
         )
-        model(buffer[:1])  # warm-up
+        run(1)  # warm-up
         with pytest.raises(StaticGraphError, match="size 1 after the capture window closed"):
-            model(buffer[:1])
+            run(1)
     finally:
         reset_capture_window()
 

@@ -11,6 +11,7 @@ from slotwise.compilation.static_graphs.contract import (
     capture_window,
     reset_capture_window,
 )
+from slotwise.compilation.static_graphs.dispatcher import GraphDispatcher
 from slotwise.forward_context import BatchDescriptor, get_forward_context, set_forward_context
 from slotwise.testing.toy_models import TOY_SPLITTING_OPS, SillyModel
 
@@ -35,6 +36,12 @@ def models(config):
     return model, reference
 
 
+def run(model, x, *, uniform_decode=False):
+    """``model(x)`` in a step as the model's ``GraphDispatcher`` describes it to a runner."""
+    with GraphDispatcher.for_model(model).step(x.shape[0], uniform_decode=uniform_decode):
+        return model(x)
+
+
 def test_two_sizes_run_three_times_capture_six_graphs_and_match_eager(graph_api):
     model, reference = models(graph_config())
     with counters.expect(num_graphs_captured=6, num_piecewise_capturable_graphs_seen=3):
@@ -42,7 +49,7 @@ def test_two_sizes_run_three_times_capture_six_graphs_and_match_eager(graph_api)
             buffer = torch.empty(size, 8)
             for _ in range(3):  # warm-up, capture, replay
                 buffer.copy_(torch.randn(size, 8))
-                torch.testing.assert_close(model(buffer), reference(buffer))
+                torch.testing.assert_close(run(model, buffer), reference(buffer))
     assert len(graph_api.captures) == 6
     assert len({id(capture["pool"]) for capture in graph_api.captures}) == 1
     # Per size: the first piece captures with clean-up, the two after it quietly.
@@ -53,20 +60,20 @@ def test_two_sizes_run_three_times_capture_six_graphs_and_match_eager(graph_api)
 def test_replay_reads_new_data_from_the_captured_buffer(graph_api):
     model, reference = models(graph_config())
     buffer = torch.randn(2, 8)
-    model(buffer)
-    model(buffer)  # captured
+    run(model, buffer)
+    run(model, buffer)  # captured
     buffer.zero_()
     with counters.expect(num_graphs_captured=0):
-        torch.testing.assert_close(model(buffer), reference(torch.zeros(2, 8)))
+        torch.testing.assert_close(run(model, buffer), reference(torch.zeros(2, 8)))
 
 
 def test_a_fresh_input_tensor_raises_on_the_first_replay(graph_api):
     model, _ = models(graph_config())
     buffer = torch.randn(2, 8)
-    model(buffer)
-    model(buffer)
+    run(model, buffer)
+    run(model, buffer)
     with pytest.raises(StaticGraphError, match=r"piece 0 of 3, capture size 2: input \d+"):
-        model(torch.randn(2, 8))
+        run(model, torch.randn(2, 8))
 
 
 def test_debug_checks_check_every_replay_not_only_the_first(graph_api):
@@ -74,9 +81,9 @@ def test_debug_checks_check_every_replay_not_only_the_first(graph_api):
         model, _ = models(graph_config(debug_checks=debug_checks))
         buffer = torch.randn(1, 8)
         for _ in range(3):
-            model(buffer)  # warm-up, capture, first (checked) replay
+            run(model, buffer)  # warm-up, capture, first (checked) replay
         try:
-            model(torch.randn(1, 8))
+            run(model, torch.randn(1, 8))
             raised = False
         except StaticGraphError:
             raised = True
@@ -89,7 +96,7 @@ def test_sizes_outside_capture_sizes_run_uncaptured_and_correct(graph_api):
         for size in (3, 4, 64):
             for _ in range(3):
                 x = torch.randn(size, 8)
-                torch.testing.assert_close(model(x), reference(x))
+                torch.testing.assert_close(run(model, x), reference(x))
 
 
 def test_forward_context_selects_the_runtime_mode(graph_api):
@@ -110,19 +117,34 @@ def test_forward_context_selects_the_runtime_mode(graph_api):
 def test_full_and_piecewise_picks_full_for_uniform_decode(graph_api, uniform_decode, captured):
     model, reference = models(graph_config(graph_mode="FULL_AND_PIECEWISE"))
     buffer = torch.randn(2, 8)
-    descriptor = BatchDescriptor(num_tokens=2, uniform_decode=uniform_decode)
     with counters.expect(num_graphs_captured=captured):
         for _ in range(3):
+            out = run(model, buffer, uniform_decode=uniform_decode)
+            torch.testing.assert_close(out, reference(buffer))
+
+
+@pytest.mark.parametrize("graph_mode", ["PIECEWISE", "FULL", "FULL_AND_PIECEWISE"])
+def test_a_forward_context_without_a_mode_runs_no_graphs(graph_api, graph_mode):
+    # Only the dispatcher decides: a call at a capture size that carries no mode, with or
+    # without a batch descriptor, runs plainly.
+    model, reference = models(graph_config(graph_mode=graph_mode))
+    buffer = torch.randn(2, 8)
+    descriptor = BatchDescriptor(num_tokens=2, uniform_decode=True)
+    with counters.expect(num_graphs_captured=0):
+        for _ in range(3):
+            torch.testing.assert_close(model(buffer), reference(buffer))
             with set_forward_context(None, batch_descriptor=descriptor):
                 torch.testing.assert_close(model(buffer), reference(buffer))
+    assert graph_api.captures == []
 
 
 @pytest.mark.parametrize("carried, captured", [("PIECEWISE", 3), ("FULL", 1), ("NONE", 0)])
 def test_the_mode_the_context_carries_is_trusted_over_the_batch_descriptor(
     graph_api, carried, captured
 ):
-    # The runner decides a step's mode once and carries it; the wrappers do not work it
-    # out again: a uniform decode (FULL by the descriptor) runs the graphs carried.
+    # The dispatcher decides a step's mode once and the context carries it; the wrappers
+    # do not work it out again: a uniform decode (FULL by the dispatcher) runs the graphs
+    # carried.
     model, reference = models(graph_config(graph_mode="FULL_AND_PIECEWISE"))
     buffer = torch.randn(2, 8)
     descriptor = BatchDescriptor(num_tokens=2, uniform_decode=True)
@@ -137,9 +159,9 @@ def test_full_graph_mode_captures_the_whole_model_once_per_size(graph_api):
     buffer = torch.randn(1, 8)
     with counters.expect(num_graphs_captured=1):
         for _ in range(3):
-            torch.testing.assert_close(model(buffer), reference(buffer))
+            torch.testing.assert_close(run(model, buffer), reference(buffer))
     buffer.fill_(0.5)
-    torch.testing.assert_close(model(buffer), reference(buffer))
+    torch.testing.assert_close(run(model, buffer), reference(buffer))
 
 
 def test_capture_after_the_window_closed_is_an_error(graph_api):
@@ -148,12 +170,12 @@ def test_capture_after_the_window_closed_is_an_error(graph_api):
         with capture_window():
             buffer = torch.randn(1, 8)
             for _ in range(2):
-                model(buffer)
-        model(buffer)  # a captured size still replays
+                run(model, buffer)
+        run(model, buffer)  # a captured size still replays
         fresh_size = torch.randn(2, 8)
-        model(fresh_size)  # warm-up is allowed
+        run(model, fresh_size)  # warm-up is allowed
         with pytest.raises(StaticGraphError, match="after the capture window closed"):
-            model(fresh_size)
+            run(model, fresh_size)
     finally:
         reset_capture_window()
 
@@ -163,9 +185,9 @@ def test_graph_warmups_delay_the_capture(graph_api):
     buffer = torch.randn(1, 8)
     with counters.expect(num_graphs_captured=0):
         for _ in range(3):
-            model(buffer)
+            run(model, buffer)
     with counters.expect(num_graphs_captured=3):
-        model(buffer)
+        run(model, buffer)
 
 
 def test_a_stub_replay_uses_what_the_capture_read_on_the_host(graph_api):
@@ -204,14 +226,14 @@ def test_graph_copy_inputs_takes_fresh_tensors_every_call(graph_api, graph_mode,
         for size in (1, 2):
             for _ in range(4):  # warm-up, capture, two replays: a new tensor every time
                 x = torch.randn(size, 8)
-                torch.testing.assert_close(model(x), reference(x))
+                torch.testing.assert_close(run(model, x), reference(x))
 
 
 def test_graph_copy_inputs_still_checks_the_tensors_it_does_not_copy(graph_api):
     model, _ = models(graph_config(graph_copy_inputs=True))
     for _ in range(2):
-        model(torch.randn(2, 8))
+        run(model, torch.randn(2, 8))
     with torch.no_grad():
         model.proj_in.weight.data = model.proj_in.weight.data.clone()  # a weight moves
     with pytest.raises(StaticGraphError, match="piece 0 of 3, capture size 2: input"):
-        model(torch.randn(2, 8))
+        run(model, torch.randn(2, 8))

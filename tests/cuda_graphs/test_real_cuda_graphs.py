@@ -7,7 +7,7 @@ import torch
 
 from slotwise.compilation import CompilationConfig, counters
 from slotwise.compilation.static_graphs.contract import StaticGraphError
-from slotwise.forward_context import BatchDescriptor, set_forward_context
+from slotwise.compilation.static_graphs.dispatcher import GraphDispatcher
 from slotwise.platforms import use_platform
 from slotwise.testing.toy_models import TOY_SPLITTING_OPS, SillyModel
 
@@ -39,6 +39,12 @@ def cuda_models(**changes):
     return model, reference
 
 
+def run(model, x):
+    """``model(x)`` in a step as the model's ``GraphDispatcher`` describes it to a runner."""
+    with GraphDispatcher.for_model(model).step(x.shape[0]):
+        return model(x)
+
+
 def test_six_cuda_graphs_for_two_sizes_and_results_match_eager(cuda_platform):
     model, reference = cuda_models()
     with counters.expect(num_graphs_captured=6):
@@ -46,25 +52,25 @@ def test_six_cuda_graphs_for_two_sizes_and_results_match_eager(cuda_platform):
             buffer = torch.empty(size, 8, device="cuda")
             for _ in range(3):
                 buffer.copy_(torch.randn(size, 8, device="cuda"))
-                torch.testing.assert_close(model(buffer), reference(buffer))
+                torch.testing.assert_close(run(model, buffer), reference(buffer))
 
 
 def test_zeroed_buffer_replays_to_the_eager_result_for_zeros(cuda_platform):
     model, reference = cuda_models()
     buffer = torch.randn(2, 8, device="cuda")
-    model(buffer)
-    model(buffer)
+    run(model, buffer)
+    run(model, buffer)
     buffer.zero_()
-    torch.testing.assert_close(model(buffer), reference(torch.zeros(2, 8, device="cuda")))
+    torch.testing.assert_close(run(model, buffer), reference(torch.zeros(2, 8, device="cuda")))
 
 
 def test_fresh_tensor_raises_on_first_replay(cuda_platform):
     model, _ = cuda_models()
     buffer = torch.randn(2, 8, device="cuda")
-    model(buffer)
-    model(buffer)
+    run(model, buffer)
+    run(model, buffer)
     with pytest.raises(StaticGraphError, match=r"capture size \d+: input \d+ was captured"):
-        model(torch.randn(2, 8, device="cuda"))
+        run(model, torch.randn(2, 8, device="cuda"))
 
 
 def test_graph_copy_inputs_takes_a_fresh_tensor_every_call(cuda_platform):
@@ -72,7 +78,7 @@ def test_graph_copy_inputs_takes_a_fresh_tensor_every_call(cuda_platform):
     with counters.expect(num_graphs_captured=3):
         for _ in range(4):  # warm-up, capture, two replays
             x = torch.randn(2, 8, device="cuda")
-            torch.testing.assert_close(model(x), reference(x))
+            torch.testing.assert_close(run(model, x), reference(x))
 
 
 def test_full_graph_on_cuda(cuda_platform):
@@ -80,7 +86,7 @@ def test_full_graph_on_cuda(cuda_platform):
     buffer = torch.randn(2, 8, device="cuda")
     with counters.expect(num_graphs_captured=1):
         for _ in range(3):
-            torch.testing.assert_close(model(buffer), reference(buffer))
+            torch.testing.assert_close(run(model, buffer), reference(buffer))
 
 
 @pytest.mark.parametrize("graph_mode", ["PIECEWISE", "FULL_AND_PIECEWISE", "FULL"])
@@ -112,9 +118,8 @@ def test_inductor_partitions_capture_cuda_graphs(cuda_platform):
         before = counters.snapshot()["num_graphs_captured"]
         buffer = torch.empty(size, 8, device="cuda")
         # Partitions see no example inputs: their size comes from the batch descriptor.
-        with set_forward_context(None, batch_descriptor=BatchDescriptor(num_tokens=size)):
-            for _ in range(3):
-                buffer.copy_(torch.randn(size, 8, device="cuda"))
-                torch.testing.assert_close(model(buffer), reference(buffer))
+        for _ in range(3):
+            buffer.copy_(torch.randn(size, 8, device="cuda"))
+            torch.testing.assert_close(run(model, buffer), reference(buffer))
         captured[size] = counters.snapshot()["num_graphs_captured"] - before
     assert captured[1] == captured[2] > 0, captured  # every partition, once per size

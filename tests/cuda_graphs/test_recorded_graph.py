@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from slotwise.compilation import CompilationConfig, GraphMode, StaticGraphError, counters
+from slotwise.compilation.static_graphs.dispatcher import GraphDispatcher
 from slotwise.compilation.static_graphs.recorded_graph import RecordedGraphAPI, opaque_call
 from slotwise.compilation.static_graphs.wrapper import StaticGraphWrapper
 from slotwise.forward_context import BatchDescriptor, get_forward_context, set_forward_context
@@ -292,7 +293,9 @@ def test_a_replay_that_rebinds_its_outputs_is_reported_as_such():
         lambda x: x * 2, config, runtime_mode=GraphMode.PIECEWISE, graph_api=RebindingGraphAPI()
     )
     buffer = torch.randn(2, 4)
-    with set_forward_context(None, batch_descriptor=BatchDescriptor(num_tokens=2)):
+    with set_forward_context(
+        None, graph_mode="PIECEWISE", batch_descriptor=BatchDescriptor(num_tokens=2)
+    ):
         wrapper(buffer)  # warm-up
         with pytest.raises(StaticGraphError) as raised:
             wrapper(buffer)  # capture, and the replay right after it
@@ -314,7 +317,9 @@ def test_the_check_after_capture_keeps_outputs_a_replay_never_writes():
         graph_api=RecordedGraphAPI(),
     )
     buffer = torch.ones(2, 4)
-    with set_forward_context(None, batch_descriptor=BatchDescriptor(num_tokens=2)):
+    with set_forward_context(
+        None, graph_mode="PIECEWISE", batch_descriptor=BatchDescriptor(num_tokens=2)
+    ):
         doubled, returned = wrapper(buffer)  # capture, then the checked replay
     assert doubled.tolist() == [[2.0] * 4] * 2
     assert returned is constant
@@ -346,7 +351,9 @@ def test_a_partition_with_an_output_in_its_input_replays_the_eager_result():
     alone, or the replay computes from the marker (a GPU gave wrong numbers this way)."""
     wrapper = partition_wrapper()
     buffer = torch.empty(2, 4)  # what the previous partition writes, at a fixed address
-    with set_forward_context(None, batch_descriptor=BatchDescriptor(num_tokens=2)):
+    with set_forward_context(
+        None, graph_mode="PIECEWISE", batch_descriptor=BatchDescriptor(num_tokens=2)
+    ):
         for seed in range(4):  # warm-up, capture and its checked replay, two replays
             fresh = torch.randn(2, 4, generator=torch.Generator().manual_seed(seed))
             buffer.copy_(fresh)
@@ -359,7 +366,9 @@ def test_a_partition_with_an_output_in_its_input_replays_the_eager_result():
 def test_a_partition_input_that_moved_is_an_error_naming_it():
     wrapper = partition_wrapper()
     buffer = torch.ones(2, 4)
-    with set_forward_context(None, batch_descriptor=BatchDescriptor(num_tokens=2)):
+    with set_forward_context(
+        None, graph_mode="PIECEWISE", batch_descriptor=BatchDescriptor(num_tokens=2)
+    ):
         wrapper([buffer])  # warm-up
         wrapper([buffer])  # capture
         with pytest.raises(StaticGraphError, match=r"piece 1 of 3, capture size 2: input 0 "):
@@ -383,7 +392,9 @@ def test_inductor_compiled_pieces_replay_on_recorded_graphs(graph_api, graph_mod
     torch.manual_seed(0)
     reference = SillyModel(compilation_config=CompilationConfig(level=0))
     buffer = torch.empty(2, 8)
+    dispatcher = GraphDispatcher.for_model(model)
     with counters.expect(num_graphs_captured=graphs):
         for seed in range(4):  # warm-up, capture, two replays
             buffer.copy_(torch.randn(2, 8, generator=torch.Generator().manual_seed(seed)))
-            torch.testing.assert_close(model(buffer), reference(buffer))
+            with dispatcher.step(2):
+                torch.testing.assert_close(model(buffer), reference(buffer))

@@ -69,6 +69,7 @@ def collective_cases() -> list[Case]:
     # The custom ops dispatch to the same communicator; float32 is enough to check them.
     for shape in SHAPES:
         cases.append(Case("op_all_reduce", torch.float32, shape))
+        cases.append(Case("op_all_reduce_out", torch.float32, shape))
         for dim in (0, -1):
             cases.append(Case("op_all_gather", torch.float32, shape, dim))
             cases.append(Case("op_reduce_scatter", torch.float32, shape, dim))
@@ -96,6 +97,10 @@ def run_case(comm: sd.Communicator, case: Case) -> torch.Tensor | None:
         return received
     if case.op == "op_all_reduce":
         return torch.ops.slotwise.tp_all_reduce(x, sd.TP_GROUP)
+    if case.op == "op_all_reduce_out":
+        out = torch.empty_like(x)
+        torch.ops.slotwise.tp_all_reduce.out(x, sd.TP_GROUP, out=out)
+        return out
     if case.op == "op_all_gather":
         return torch.ops.slotwise.tp_all_gather(x, case.dim, sd.TP_GROUP)
     if case.op == "op_reduce_scatter":

@@ -3,7 +3,7 @@
     hf_load_worker.py FOLDER OUT_DIR LEVEL PROMPTS_JSON MAX_NEW_TOKENS
 
 It counts every byte of the checkpoint slices the rank reads by wrapping the
-checkpoint's tensors where the loader indexes them, loads FOLDER at tensor-parallel
+checkpoint's tensors where the loader reads them, loads FOLDER at tensor-parallel
 size 2, generates greedily and writes ``OUT_DIR/rank<r>.json``.
 """
 
@@ -22,16 +22,23 @@ from slotwise.models import load_model
 from slotwise.runner.model_runner import ModelRunner
 
 bytes_read = 0
+CHECKPOINT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
 class CountingTensor(checkpoint_module.CheckpointTensor):
-    """A checkpoint tensor whose slices count the bytes they return."""
+    """A checkpoint tensor that counts the bytes of the slices read from it, indexed or
+    copied into a parameter."""
 
     def __getitem__(self, index: Any) -> torch.Tensor:
         global bytes_read
         tensor = super().__getitem__(index)
         bytes_read += tensor.numel() * tensor.element_size()
         return tensor
+
+    def copy_to(self, dest: torch.Tensor, index: Any = None) -> None:
+        global bytes_read
+        super().copy_to(dest, index)
+        bytes_read += dest.numel() * CHECKPOINT_DTYPES[self.dtype].itemsize
 
 
 def main() -> None:

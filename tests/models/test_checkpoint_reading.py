@@ -1,7 +1,8 @@
 """Checkpoint tensors are read from file descriptors, slice by slice, as the safetensors
-library reads them; a header that library refuses is refused with one error naming the
-file.  The library is the oracle: slotwise does not memory-map the files, so a file
-cut short under it is an error, not SIGBUS (tests/cli/test_generate_file_errors.py)."""
+library reads them, indexed or copied straight into a destination tensor; a header that
+library refuses is refused with one error naming the file.  The library is the oracle:
+slotwise does not memory-map the files, so a file cut short under it is an error, not
+SIGBUS (tests/cli/test_generate_file_errors.py)."""
 
 from __future__ import annotations
 
@@ -15,15 +16,18 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from slotwise.models import CheckpointError
+from slotwise.models import checkpoint as checkpoint_module
 from slotwise.models.checkpoint import Checkpoint
 
 pytestmark = pytest.mark.usefixtures("never_hang")
 
 #: name -> tensor: narrow and wide rows (column slices whose runs lie closer or farther
-#: apart than a page), three dimensions, a scalar, an empty tensor, each float dtype.
+#: apart than the gap read through), three dimensions, a scalar, an empty tensor, each
+#: float dtype.
 TENSORS = {
     "narrow": torch.arange(37 * 53, dtype=torch.float32).reshape(37, 53).to(torch.bfloat16),
     "wide": torch.arange(64 * 3000, dtype=torch.float32).reshape(64, 3000).half(),
+    "wider": torch.arange(16 * 6000, dtype=torch.float64).reshape(16, 6000),
     "cube": torch.arange(4 * 3 * 2048, dtype=torch.float32).reshape(4, 3, 2048),
     "scalar": torch.tensor(3.5, dtype=torch.float64),
     "empty": torch.empty(0, 4),
@@ -40,6 +44,7 @@ SLICES = [
     (slice(1, 3), slice(1, 2)),
     (slice(None), slice(None), slice(0, 10)),
     (slice(1, 3), slice(0, 2), slice(5, 2000)),
+    (slice(2, 3), slice(1, None), slice(None, 7)),
 ]
 
 
@@ -55,12 +60,61 @@ def test_every_slice_equals_what_safetensors_reads(folder, name):
     with Checkpoint(folder) as checkpoint, safe_open(folder / "model.safetensors", "pt") as file:
         ours, theirs = checkpoint.tensor(name), file.get_slice(name)
         assert ours.shape == tuple(theirs.get_shape()) and ours.dtype == theirs.get_dtype()
-        for index in SLICES:
-            if len([i for i in index if i is not Ellipsis]) > TENSORS[name].dim():
-                continue
+        for index in (index for index in SLICES if fits(index, name)):
             expected = theirs[index]
             got = ours[index]
             assert got.dtype == expected.dtype and torch.equal(got, expected), index
+
+
+def fits(index: tuple, name: str) -> bool:
+    return len([i for i in index if i is not Ellipsis]) <= TENSORS[name].dim()
+
+
+def destination(shape: torch.Size, dtype: torch.dtype, kind: str) -> torch.Tensor:
+    """A tensor of ``shape`` to copy into, filled with NaN so an unwritten element shows."""
+    if kind == "contiguous":
+        return torch.full(shape, float("nan"), dtype=dtype)
+    if kind == "float64":
+        return torch.full(shape, float("nan"), dtype=torch.float64)
+    # Every other element of a wider tensor: strided, not contiguous.
+    return torch.full([*shape, 2], float("nan"), dtype=dtype)[..., 0]
+
+
+#: Bytes of the staging buffer: the default, and a few rows, so that a slice is copied
+#: in many blocks and a row larger than the buffer one by one.
+STAGING = [None, 256]
+
+
+@pytest.mark.parametrize("staging", STAGING, ids=["default staging", "small staging"])
+@pytest.mark.parametrize("kind", ["contiguous", "float64", "strided"])
+@pytest.mark.parametrize("name", TENSORS)
+def test_copy_to_writes_what_safetensors_reads(folder, monkeypatch, name, kind, staging):
+    if staging is not None:
+        monkeypatch.setattr(checkpoint_module, "_STAGING_BYTES", staging)
+    with Checkpoint(folder) as checkpoint, safe_open(folder / "model.safetensors", "pt") as file:
+        ours, theirs = checkpoint.tensor(name), file.get_slice(name)
+        for index in [None, *(index for index in SLICES if fits(index, name))]:
+            expected = theirs[...] if index is None else theirs[index]
+            dest = destination(expected.shape, expected.dtype, kind)
+            ours.copy_to(dest, index)
+            assert torch.equal(dest, expected.to(dest.dtype)), index
+
+
+def test_copy_to_counts_the_bytes_of_the_slice_in_the_files_dtype(folder):
+    with Checkpoint(folder) as checkpoint:
+        checkpoint.tensor("wide").copy_to(
+            torch.empty(64, 100, dtype=torch.float64), (..., slice(0, 100))
+        )
+        checkpoint.tensor("cube").copy_to(torch.empty(1, 3, 2048), slice(1, 2))
+        assert checkpoint.bytes_read == 64 * 100 * 2 + 3 * 2048 * 4
+
+
+def test_copy_to_a_tensor_of_another_shape_is_refused(folder):
+    with Checkpoint(folder) as checkpoint:
+        dest = torch.zeros(64, 11)
+        with pytest.raises(ValueError, match=r"wide: a slice of shape \[64, 10\] cannot be"):
+            checkpoint.tensor("wide").copy_to(dest, (slice(None), slice(0, 10)))
+        assert not dest.any()
 
 
 def test_the_bytes_read_are_those_of_the_slices(folder):

@@ -8,6 +8,14 @@ opaque nodes instead: ``torch.compile(fullgraph=True)`` records
 implementations give the output shapes, and at run time they call the communicator
 registered under ``group_name`` ("tp" or "world"), whichever platform's class that
 is.  Registered when ``slotwise.distributed`` is imported.
+
+The all-reduce also has an out variant, ``tp_all_reduce.out``, which writes into a
+tensor its caller allocated and returns nothing; the parallel layers call it.  A
+platform that keeps the all-reduce out of its static graphs splits the graph there
+(``splitting_ops``), and the piece after it reads its result: a new tensor at every
+step would move under that piece's graph, while a tensor allocated in the piece
+before keeps the address the graph was captured with (as attention's ``out`` does).
+Splitting at "slotwise::tp_all_reduce" covers both overloads.
 """
 
 from __future__ import annotations
@@ -31,6 +39,30 @@ def tp_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
 @tp_all_reduce.register_fake
 def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+# Registered with torch.library.Library, as the attention op is, which costs less per
+# call than custom_op's Python wrappers (see slotwise/attention/ops.py).
+_library = torch.library.Library("slotwise", "FRAGMENT")
+_library.define("tp_all_reduce.out(Tensor x, str group_name, *, Tensor(a!) out) -> ()")
+
+
+def _tp_all_reduce_out(x: torch.Tensor, group_name: str, *, out: torch.Tensor) -> None:
+    """The sum of ``x`` over the group ``group_name``, written into ``out`` (``x``'s shape)."""
+    if out.shape != x.shape:
+        raise ValueError(
+            f"tp_all_reduce.out: out has shape {tuple(out.shape)} but x has {tuple(x.shape)}; "
+            "allocate out like x (torch.empty_like(x))"
+        )
+    out.copy_(get_communicator(group_name).all_reduce(x))
+
+
+_library.impl("tp_all_reduce.out", _tp_all_reduce_out, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake(f"{ALL_REDUCE_OP}.out")
+def _(x: torch.Tensor, group_name: str, *, out: torch.Tensor) -> None:
+    return None
 
 
 @torch.library.custom_op(ALL_GATHER_OP, mutates_args=())

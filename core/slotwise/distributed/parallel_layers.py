@@ -17,7 +17,8 @@ the same seeded draw:
 - ``load_shard(name, tensor, part)`` takes one checkpoint tensor (``part`` picks q, k
   or v of a fused QKV layer, gate or up of a merged one) as anything that slices
   like a tensor, and indexes only this rank's rows or columns of it.  Given a
-  ``safetensors`` slice, a rank reads just its share of the file;
+  checkpoint's tensor, a rank reads just its share of the file, straight into its
+  parameter;
 - ``full_shape(name, part)`` is the shape that tensor must have.
 
 The collectives are the ``torch.ops.slotwise.tp_*`` custom ops, so the layers
@@ -33,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from slotwise.distributed.ops import tp_all_gather, tp_all_reduce
+from slotwise.distributed.ops import tp_all_gather
 from slotwise.distributed.state import (
     TP_GROUP,
     get_tensor_parallel_rank,
@@ -43,9 +44,21 @@ from slotwise.distributed.state import (
 
 class Sliceable(Protocol):
     """An unsharded tensor read on demand: a ``torch.Tensor``, or a checkpoint's tensor
-    whose indexing reads only the indexed bytes."""
+    whose indexing reads only the indexed bytes.  One that also has
+    ``copy_to(dest, index)`` (a checkpoint's tensor) is given the destination, so it can
+    read the slice straight into its memory (``_copy_slice``)."""
 
     def __getitem__(self, index: Any) -> torch.Tensor: ...
+
+
+def _copy_slice(dest: torch.Tensor, tensor: Sliceable, index: Any = None) -> None:
+    """Copy ``tensor[index]`` (all of ``tensor`` for None) into ``dest``: through
+    ``tensor.copy_to`` where it has one, with no copy of the slice on the way."""
+    copy_to = getattr(tensor, "copy_to", None)
+    if copy_to is not None:
+        copy_to(dest, index)
+    else:
+        dest.copy_(tensor[... if index is None else index])
 
 
 def _divide(value: int, tp_size: int, what: str) -> int:
@@ -55,6 +68,18 @@ def _divide(value: int, tp_size: int, what: str) -> int:
             "choose a tensor_parallel_size that divides it"
         )
     return value // tp_size
+
+
+def _all_reduced(x: torch.Tensor) -> torch.Tensor:
+    """The sum of ``x`` over the tensor-parallel group, in a tensor allocated here.
+
+    Through the all-reduce's out variant: where a platform splits its static graphs at
+    the all-reduce, the buffer is allocated in the captured piece before it, so the
+    piece after it reads the address its graph was captured with at every step.
+    """
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    torch.ops.slotwise.tp_all_reduce.out(x, TP_GROUP, out=out)
+    return out
 
 
 def _check_full(tensor: torch.Tensor, shape: tuple[int, ...], what: str) -> None:
@@ -129,7 +154,9 @@ class _OutputShardedLinear(nn.Module):
         start, length = self.shard_rows[part]
         start -= sum(self.part_sizes[:part])
         local = sum(rows for _, rows in self.shard_rows[:part])
-        getattr(self, name)[local : local + length].copy_(tensor[start : start + length])
+        _copy_slice(
+            getattr(self, name)[local : local + length], tensor, slice(start, start + length)
+        )
 
     def extra_repr(self) -> str:
         return (
@@ -292,7 +319,7 @@ class RowParallelLinear(nn.Module):
             x = x.narrow(
                 -1, self.tp_rank * self.input_size_per_partition, self.input_size_per_partition
             )
-        y = tp_all_reduce(F.linear(x, self.weight), TP_GROUP)
+        y = _all_reduced(F.linear(x, self.weight))
         return y if self.bias is None else y + self.bias
 
     @torch.no_grad()
@@ -315,11 +342,11 @@ class RowParallelLinear(nn.Module):
         """Copy this rank's columns of the unsharded weight (the whole bias, which is
         not split) into parameter ``name``; only those columns are indexed."""
         if name == "bias":
-            part = tensor[:]
+            _copy_slice(self.bias, tensor)
         else:
             start = self.tp_rank * self.input_size_per_partition
-            part = tensor[:, start : start + self.input_size_per_partition]
-        getattr(self, name).copy_(part)
+            columns = slice(start, start + self.input_size_per_partition)
+            _copy_slice(self.weight, tensor, (slice(None), columns))
 
     def extra_repr(self) -> str:
         return (
@@ -360,7 +387,7 @@ class VocabParallelEmbedding(nn.Module):
         mine = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)
         local_ids = torch.where(mine, input_ids - self.vocab_start, 0)
         embedded = F.embedding(local_ids, self.weight).masked_fill(~mine.unsqueeze(-1), 0)
-        return tp_all_reduce(embedded, TP_GROUP)
+        return _all_reduced(embedded)
 
     @torch.no_grad()
     def load_full_weight(self, weight: torch.Tensor) -> None:
@@ -376,7 +403,7 @@ class VocabParallelEmbedding(nn.Module):
     def load_shard(self, name: str, tensor: Sliceable, part: int = 0) -> None:
         """Copy this rank's rows of the unsharded table; only those rows are indexed."""
         rows = self.vocab_end - self.vocab_start
-        self.weight[:rows].copy_(tensor[self.vocab_start : self.vocab_end])
+        _copy_slice(self.weight[:rows], tensor, slice(self.vocab_start, self.vocab_end))
         self.weight[rows:] = 0
 
     def extra_repr(self) -> str:

@@ -11,16 +11,16 @@ device or to a file elsewhere is refused before it is read.
 The files are read with ``pread`` from descriptors held open while the checkpoint is,
 never memory-mapped: a mapped file that another process truncates kills the reader
 with SIGBUS, which no Python code can catch, where a read that comes up short is one
-CheckpointError naming the file.  Indexing a tensor reads only the bytes of that
-slice: a tensor-parallel rank that indexes its rows or columns reads just those, each
-tensor through one temporary buffer of the slice's size, which its parameter then
-copies.
+CheckpointError naming the file.  Reading a slice reads only its bytes: a
+tensor-parallel rank reads just its rows or columns.  ``CheckpointTensor.copy_to``
+reads a slice straight into its parameter's memory, so loading copies each byte once,
+as copying from a memory map does; a parameter on another device or of another dtype
+is filled through one small staging buffer.
 """
 
 from __future__ import annotations
 
 import ctypes
-import itertools
 import json
 import math
 import os
@@ -75,15 +75,18 @@ _DTYPE_BITS = {
 }
 #: The largest header the safetensors library reads.
 HEADER_LIMIT = 100_000_000
-#: Bytes between the runs of a slice (a column slice's rows) from which each run is read
-#: on its own; closer runs are read with the bytes between them, which share their pages.
-_PAGE = 4096
-#: Bytes of whole rows read at a time, into one reused buffer, for a slice of close runs.
-_BLOCK_BYTES = 8 << 20
+#: Runs of a slice (a column slice's rows) closer than this many bytes are read in
+#: blocks of whole rows, the bytes between them included, and the slice copied out:
+#: cheaper than a system call per run; runs farther apart are each read on their own.
+_CLOSE_GAP = 8 << 10
+#: Size of the one staging buffer: the blocks of close runs, and the blocks of rows
+#: through which a destination on another device or of another dtype is filled.
+_STAGING_BYTES = 2 << 20
 
 
 class CheckpointTensor:
-    """One tensor of the checkpoint; indexing it reads (and counts) only those bytes."""
+    """One tensor of the checkpoint; reading a slice of it reads (and counts) only the
+    slice's bytes."""
 
     def __init__(self, checkpoint: Checkpoint, name: str) -> None:
         self.checkpoint = checkpoint
@@ -94,59 +97,144 @@ class CheckpointTensor:
         self.dtype = self._entry.dtype
 
     def __getitem__(self, index: Any) -> torch.Tensor:
-        """The slice ``index`` (slices with step 1 and ``...``) as a new tensor."""
+        """The slice ``index`` (slices with step 1 and ``...``) as a new CPU tensor."""
         bounds = _bounds(index, self.shape)
+        tensor = _cpu_tensor([stop - start for start, stop in bounds], self._torch_dtype())
+        self._copy(tensor, bounds)
+        self.checkpoint.bytes_read += tensor.numel() * tensor.element_size()
+        return tensor
+
+    def copy_to(self, dest: torch.Tensor, index: Any = None) -> None:
+        """Copy the slice ``index`` (as for indexing; None: the whole tensor) into
+        ``dest``, a tensor of the slice's shape, with no copy of the slice on the way.
+
+        A contiguous CPU ``dest`` of the file's dtype is read into directly; any other
+        (on another device, of another dtype or layout) is filled from a staging buffer
+        of at most ``_STAGING_BYTES``, a block of rows at a time.
+        """
+        bounds = _bounds(... if index is None else index, self.shape)
+        dtype = self._torch_dtype()
+        sizes = [stop - start for start, stop in bounds]
+        if list(dest.shape) != sizes:
+            raise ValueError(
+                f"{self.name}: a slice of shape {sizes} cannot be copied into a tensor of "
+                f"shape {list(dest.shape)}"
+            )
+        with torch.no_grad():
+            self._copy(dest, bounds)
+        self.checkpoint.bytes_read += dest.numel() * dtype.itemsize
+
+    def _torch_dtype(self) -> torch.dtype:
         dtype = _TORCH_DTYPES.get(self.dtype)
         if dtype is None:
             raise CheckpointError(
                 f"{self.file}: tensor {self.name} is stored as {self.dtype}; slotwise reads "
                 f"unquantized floating-point weights ({', '.join(FLOAT_DTYPES)})"
             )
-        tensor = _cpu_tensor([stop - start for start, stop in bounds], dtype)
-        if tensor.numel():
-            self._fill(tensor, bounds)
-        self.checkpoint.bytes_read += tensor.numel() * tensor.element_size()
-        return tensor
+        return dtype
 
-    def _fill(self, tensor: torch.Tensor, bounds: list[tuple[int, int]]) -> None:
-        """Read the slice ``bounds`` into ``tensor``.
+    def _copy(self, dest: torch.Tensor, bounds: list[tuple[int, int]]) -> None:
+        """Fill ``dest`` with the slice ``bounds``.
 
         The slice is made of runs of contiguous bytes, each spanning the last dimension
-        it does not take whole and all after it.  One run is read straight into
-        ``tensor``; runs a page or more apart (a tensor-parallel rank's columns of wide
-        rows) each straight into its place, so only their pages are read; runs closer
-        than that (columns of narrow rows) through whole rows, a block at a time.
+        it does not take whole and all after it.  Runs close together (columns of
+        narrow rows) are read in blocks of whole rows into the staging buffer, which
+        ``dest`` copies them from; otherwise a contiguous CPU ``dest`` of the file's
+        dtype is read into directly, and any other through the staging buffer.
         """
-        read = self.checkpoint._read
-        item = tensor.element_size()
-        strides = [item * math.prod(self.shape[d + 1 :]) for d in range(len(self.shape))]
-        inner = max(
-            (d for d, (start, stop) in enumerate(bounds) if stop - start != self.shape[d]),
-            default=0,
-        )
-        base = self._entry.begin + sum(
-            start * stride for (start, _), stride in zip(bounds, strides, strict=True)
-        )
-        if inner == 0:
-            read(self, _bytes_of(tensor), base)
+        dtype = _TORCH_DTYPES[self.dtype]
+        if not dest.numel():
             return
-        run = (bounds[inner][1] - bounds[inner][0]) * strides[inner]
-        if strides[inner - 1] - run >= _PAGE:
-            target, filled = _bytes_of(tensor), 0
-            outer = [range(stop - start) for start, stop in bounds[:inner]]
-            for position in itertools.product(*outer):
-                offset = sum(i * s for i, s in zip(position, strides[:inner], strict=True))
-                read(self, target[filled : filled + run], base + offset)
-                filled += run
+        layout = _Layout(self, bounds)
+        if layout.gaps and max(layout.gaps) < _CLOSE_GAP and layout.span <= _STAGING_BYTES:
+            self._copy_rows(dest, layout)
+        elif dest.device.type == "cpu" and dest.dtype == dtype and dest.is_contiguous():
+            self._read_runs(dest, layout)
+        else:
+            self._copy_staged(dest, bounds, dtype, ())
+
+    def _read_runs(self, tensor: torch.Tensor, layout: _Layout) -> None:
+        """Read the runs of ``layout`` into the contiguous CPU ``tensor``, one call each."""
+        target, read, run = _bytes_of(tensor), self.checkpoint._read, layout.run
+        for filled, offset in zip(range(0, len(target), run), layout.offsets(), strict=True):
+            read(self, target[filled : filled + run], offset)
+
+    def _copy_rows(self, dest: torch.Tensor, layout: _Layout) -> None:
+        """Fill ``dest`` with a slice of close runs: as many rows at a time as the
+        staging buffer holds are read whole, the gaps between runs included, and the
+        slice is copied out of them."""
+        dtype = _TORCH_DTYPES[self.dtype]
+        rows, row_stride = layout.sizes[0], layout.strides[0]
+        step = (_STAGING_BYTES - layout.span) // row_stride + 1
+        elements = [stride // dtype.itemsize for stride in layout.strides]
+        for first in range(0, rows, step):
+            count = min(step, rows - first)
+            staged = self.checkpoint._staging(torch.uint8, [(count - 1) * row_stride + layout.span])
+            self.checkpoint._read(self, _bytes_of(staged), layout.base + first * row_stride)
+            rows_read = staged.view(dtype).as_strided([count, *layout.sizes[1:]], elements)
+            dest[first : first + count].copy_(rows_read)
+
+    def _copy_staged(
+        self,
+        dest: torch.Tensor,
+        bounds: list[tuple[int, int]],
+        dtype: torch.dtype,
+        fixed: tuple[tuple[int, int], ...],
+    ) -> None:
+        """Fill ``dest`` with the slice ``bounds`` of the dimensions after those ``fixed``
+        picks one index of, through the staging buffer: as many whole rows of the first
+        dimension at a time as it holds, or each row on its own where one is larger."""
+        if not bounds:  # a scalar
+            staged = self.checkpoint._staging(dtype, [])
+            self._read_runs(staged, _Layout(self, list(fixed)))
+            dest.copy_(staged)
             return
-        first, last = bounds[0]
-        rows = min(last - first, max(1, _BLOCK_BYTES // strides[0]))
-        block = _cpu_tensor([rows, *self.shape[1:]], tensor.dtype)
-        inside = (slice(None), *(slice(start, stop) for start, stop in bounds[1:]))
-        for row in range(first, last, rows):
-            part = block[: min(rows, last - row)]
-            read(self, _bytes_of(part), self._entry.begin + row * strides[0])
-            tensor[row - first : row - first + len(part)].copy_(part[inside])
+        (first, last), inner = bounds[0], bounds[1:]
+        row = [stop - start for start, stop in inner]
+        rows = _STAGING_BYTES // (dtype.itemsize * math.prod(row))
+        if rows == 0:
+            for i in range(first, last):
+                self._copy_staged(dest[i - first], inner, dtype, (*fixed, (i, i + 1)))
+            return
+        for start in range(first, last, rows):
+            stop = min(start + rows, last)
+            staged = self.checkpoint._staging(dtype, [stop - start, *row])
+            self._read_runs(staged, _Layout(self, [*fixed, (start, stop), *inner]))
+            dest[start - first : stop - first].copy_(staged)
+
+
+class _Layout:
+    """Where the bytes of one slice of a tensor lie in its file: runs of ``run``
+    contiguous bytes (each spanning the last dimension the slice does not take whole
+    and all after it), the first at ``base``; ``gaps``, the bytes between runs, one per
+    dimension the slice steps through; ``span``, the bytes from the first of a row's
+    runs (of the first dimension) to the end of its last."""
+
+    def __init__(self, tensor: CheckpointTensor, bounds: list[tuple[int, int]]) -> None:
+        itemsize = _TORCH_DTYPES[tensor.dtype].itemsize
+        shape = tensor.shape
+        self.sizes = [stop - start for start, stop in bounds]
+        self.strides = [itemsize * math.prod(shape[d + 1 :]) for d in range(len(shape))]
+        self.base = tensor._entry.begin + sum(
+            start * stride for (start, _), stride in zip(bounds, self.strides, strict=True)
+        )
+        self.inner = max((d for d, size in enumerate(self.sizes) if size != shape[d]), default=0)
+        self.run = itemsize * math.prod(self.sizes[self.inner :])
+        self.gaps: list[int] = []
+        span = self.run
+        for d in reversed(range(self.inner)):
+            if self.sizes[d] > 1:
+                self.gaps.append(self.strides[d] - span)
+                if d:
+                    span += (self.sizes[d] - 1) * self.strides[d]
+        self.span = span
+
+    def offsets(self) -> list[int]:
+        """The file offset of every run, in the slice's order."""
+        offsets = [self.base]
+        for d in range(self.inner):
+            offsets = [o + i * self.strides[d] for o in offsets for i in range(self.sizes[d])]
+        return offsets
 
 
 def _cpu_tensor(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
@@ -181,9 +269,11 @@ class Checkpoint:
         self.bytes_read = 0
         self._entries: dict[str, _Entry] = {}
         self._descriptors: dict[Path, int] = {}
+        self._staging_buffer: torch.Tensor | None = None
         self._stack = ExitStack()
         # Closed descriptors are forgotten: their numbers may name other files later.
         self._stack.callback(self._descriptors.clear)
+        self._stack.callback(setattr, self, "_staging_buffer", None)
         try:
             for file, names in self._layout().items():
                 self._open(file, names)
@@ -255,6 +345,14 @@ class Checkpoint:
             self.files[name] = path
             self._entries[name] = entries[name]
         self._descriptors[path] = descriptor
+
+    def _staging(self, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+        """A tensor of ``shape`` (at most ``_STAGING_BYTES``) in the one staging buffer,
+        allocated on first use and reused, so its pages are faulted in once."""
+        if self._staging_buffer is None:
+            self._staging_buffer = _cpu_tensor([_STAGING_BYTES], torch.uint8)
+        size = math.prod(shape) * dtype.itemsize
+        return self._staging_buffer[:size].view(dtype).view(shape)
 
     def _read(self, tensor: CheckpointTensor, target: memoryview, offset: int) -> None:
         """Fill ``target`` from byte ``offset`` of the file of ``tensor``; a file that

@@ -16,7 +16,6 @@ config.json, the field, its value and what is allowed.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -30,7 +29,7 @@ import torch
 from slotwise.layers.rotary_embedding import RopeScaling, yarn_attention_factor
 from slotwise.models.errors import CheckpointError
 from slotwise.models.llama_config import LlamaConfig
-from slotwise.models.model_files import read_model_file
+from slotwise.models.model_files import parse_model_json, read_model_file
 
 logger = logging.getLogger("slotwise")
 
@@ -128,11 +127,7 @@ class HFConfig:
                 f"{path}: nests {depth} levels deep; a model config nests at most "
                 f"{MAX_NESTING}; save config.json again"
             )
-        try:
-            data = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            reason = _shown.repr(str(exc))
-            raise CheckpointError(f"{path}: not readable JSON ({reason}); save it again") from None
+        data = parse_model_json(path, raw)
         if not isinstance(data, dict):
             raise CheckpointError(f"{path}: holds {type(data).__name__}, not a JSON object")
         return cls(data, path)

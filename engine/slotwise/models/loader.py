@@ -21,7 +21,6 @@ from torch import nn
 
 from slotwise.attention.selector import AttentionBackendError
 from slotwise.distributed import state as distributed_state
-from slotwise.distributed.parallel_layers import Sliceable
 from slotwise.models.checkpoint import FLOAT_DTYPES, Checkpoint, CheckpointTensor
 from slotwise.models.checkpoint_agreement import check_checkpoint_agreement
 from slotwise.models.errors import CheckpointError
@@ -176,11 +175,11 @@ class _Target:
             return tuple(self.module.full_shape(self.param, self.part))
         return tuple(getattr(self.module, self.param).shape)
 
-    def load(self, tensor: Sliceable) -> None:
+    def load(self, tensor: CheckpointTensor) -> None:
         if hasattr(self.module, "load_shard"):
             self.module.load_shard(self.param, tensor, self.part)
         else:
-            getattr(self.module, self.param).copy_(tensor[:])
+            tensor.copy_to(getattr(self.module, self.param))
 
 
 def _targets(model: LlamaForCausalLM, checkpoint: Checkpoint) -> dict[str, _Target]:

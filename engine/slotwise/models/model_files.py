@@ -111,8 +111,12 @@ def read_model_json(folder: Path, name: str, *, limit: int) -> Any:
     """The JSON value in ``folder / name``.  Whatever the parser refuses (bad syntax, text
     that is not UTF-8, nesting too deep, an integer past Python's digit limit) is one
     CheckpointError naming the file."""
-    path = Path(folder) / name
-    data = read_model_file(folder, name, limit=limit)
+    return parse_model_json(Path(folder) / name, read_model_file(folder, name, limit=limit))
+
+
+def parse_model_json(path: Path, data: bytes) -> Any:
+    """The JSON value of ``data``, the bytes of the model file ``path``; what the parser
+    refuses is one CheckpointError naming the file."""
     try:
         return json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:

@@ -1,4 +1,5 @@
-"""The capture step every graph platform uses: all sizes, largest first.
+"""The capture step every graph platform uses: a ``GraphDispatcher``'s capture plan, all
+sizes, largest first.
 
 Largest first, because graphs captured later (smaller) then fit into memory the
 pool already holds, instead of each growing it.  Time and memory are reported per
@@ -12,11 +13,13 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import groupby
 
 from tqdm import tqdm
 
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.static_graphs.contract import capture_window
+from slotwise.compilation.static_graphs.dispatcher import CaptureCase
 from slotwise.platforms import Platform
 
 logger = logging.getLogger("slotwise")
@@ -33,32 +36,31 @@ class CaptureReport:
 
 
 def capture_graphs(
-    run_step: Callable[[int], object],
-    sizes: Sequence[int],
+    run_case: Callable[[CaptureCase], object],
+    plan: Sequence[CaptureCase],
     platform: Platform,
     *,
     runs_per_size: int,
     progress: bool = True,
 ) -> list[CaptureReport]:
-    """Run ``run_step(size)`` ``runs_per_size`` times per size inside the capture window.
+    """Run ``run_case`` on every case of ``plan`` (``GraphDispatcher.capture_plan``)
+    ``runs_per_size`` times inside the capture window, size by size, largest first.
 
     ``runs_per_size`` is the config's ``graph_warmups`` plus one: the warm-ups, then
     the run that captures.
     """
+    by_size = sorted(plan, key=lambda case: case.size, reverse=True)
+    cases = {size: list(group) for size, group in groupby(by_size, lambda case: case.size)}
     reports = []
     with capture_window():
-        bar = tqdm(
-            sorted(set(sizes), reverse=True),
-            desc="capturing graphs",
-            unit="size",
-            disable=not progress,
-        )
+        bar = tqdm(cases, desc="capturing graphs", unit="size", disable=not progress)
         for size in bar:
             before = _memory(platform)
             captured = counters.num_graphs_captured
             start = time.perf_counter()
             for _ in range(runs_per_size):
-                run_step(size)
+                for case in cases[size]:
+                    run_case(case)
             platform.synchronize()
             seconds = time.perf_counter() - start
             after = _memory(platform)

@@ -1,15 +1,15 @@
 """``ModelRunner``: runs a causal LM step by step over a paged KV cache.
 
 It owns what a model should not: the KV cache and its block allocator, the
-attention metadata of each step, padding batches to a captured size (through
-static input buffers, so graphs always read the same addresses; FULL graphs also
-read their attention metadata from static buffers), capturing the graphs at
-start-up, and greedy generation on top of prefill and decode steps.
+attention metadata of each step, padding batches to the size the model's
+``GraphDispatcher`` gives (through static input buffers, so graphs always read the
+same addresses; FULL graphs also read their attention metadata from static buffers),
+capturing the dispatcher's capture plan at start-up, and greedy generation on top of
+prefill and decode steps.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,12 +26,14 @@ from slotwise.attention import (
 )
 from slotwise.compilation.config import CompilationConfig, GraphMode
 from slotwise.compilation.decorators import compiled_forward_of
-from slotwise.compilation.static_graphs.graph_modes import (
-    require_graph_mode,
-    sizes_padding_never_reaches,
-    step_graph_mode,
+from slotwise.compilation.static_graphs.dispatcher import (
+    CaptureCase,
+    GraphDispatcher,
+    MetadataLayout,
+    StepGraphs,
 )
-from slotwise.forward_context import BatchDescriptor, set_forward_context
+from slotwise.compilation.static_graphs.graph_modes import sizes_padding_never_reaches
+from slotwise.forward_context import set_forward_context
 from slotwise.platforms import get_current_platform
 from slotwise.runner.capture import CaptureReport, capture_graphs
 from slotwise.runner.generation import generate
@@ -89,7 +91,10 @@ class ModelRunner:
             self.block_size, self.device
         )
         self.config = compiled_config(model)
-        self.capture_sizes = self._graph_sizes(layers)
+        self.dispatcher = GraphDispatcher(
+            self.config, self.platform, [layer.attn_backend for layer in layers]
+        )
+        self.capture_sizes = self._graph_sizes()
         self.buffers = (
             StaticInputBuffers(
                 self.capture_sizes[-1],
@@ -101,17 +106,14 @@ class ModelRunner:
         )
         self.static_metadata = self._static_metadata(num_blocks)
 
-    def _graph_sizes(self, layers: list[Attention]) -> list[int]:
-        """The sizes steps are padded to; empty when this model runs without graphs.
-
-        The compiled model's config says whether graphs exist: its graph mode is what
-        ``graph_modes.settle_graph_mode`` left, NONE wherever nothing is captured (no
+    def _graph_sizes(self) -> list[int]:
+        """The sizes steps are padded to (the dispatcher's); empty when this model runs
+        without graphs: its settled graph mode is NONE wherever nothing is captured (no
         compilation, ``TORCH_COMPILE_DISABLE=1``, nothing to capture)."""
-        if self.config is None or self.config.graph_mode in (None, GraphMode.NONE):
+        sizes = self.dispatcher.capture_sizes
+        if not sizes:
             return []
-        for backend in dict.fromkeys(layer.attn_backend for layer in layers):
-            require_graph_mode(self.config.graph_mode, self.platform, backend)
-        sizes = sorted(self.config.capture_sizes or [])
+        assert self.config is not None
         unreached = sizes_padding_never_reaches(self.config)
         if unreached:
             logger.warning(
@@ -128,10 +130,7 @@ class ModelRunner:
     def _static_metadata(self, num_blocks: int) -> StaticAttentionMetadata | None:
         """Metadata buffers for FULL steps, whose padding requests decode into a cache
         block reserved here for the runner's lifetime; None without full graphs."""
-        if not self.capture_sizes:
-            return None
-        assert self.config is not None and self.config.graph_mode is not None
-        if not self.config.graph_mode.has_full_graphs:
+        if not self.capture_sizes or not self.dispatcher.graph_mode.has_full_graphs:
             return None
         (scratch_block,) = self.allocator.allocate(1)
         max_blocks = min(num_blocks, num_blocks_for(self.max_model_len, self.block_size))
@@ -144,8 +143,7 @@ class ModelRunner:
     def padded_size(self, num_tokens: int) -> int:
         """The smallest capture size holding ``num_tokens``, or ``num_tokens`` itself
         when it is larger than every capture size (or graphs are off)."""
-        index = bisect.bisect_left(self.capture_sizes, num_tokens)
-        return self.capture_sizes[index] if index < len(self.capture_sizes) else num_tokens
+        return self.dispatcher.dispatch(num_tokens).padded_size
 
     def execute(
         self,
@@ -157,55 +155,53 @@ class ModelRunner:
     ) -> torch.Tensor:
         """Hidden states of one step for its ``len(input_ids)`` real tokens."""
         num_tokens = input_ids.shape[0]
-        padded = self.padded_size(num_tokens)
-        graphs = self.buffers is not None and padded in self.capture_sizes
-        if graphs:
+        # The step's graphs, padded size and metadata layout: the dispatcher's decision,
+        # carried in the forward context for the graph wrappers.
+        graphs = self.dispatcher.dispatch(num_tokens, uniform_decode)
+        if graphs.mode != GraphMode.NONE:
             assert self.buffers is not None
-            views = self.buffers.fill(padded, input_ids=input_ids, positions=positions)
+            views = self.buffers.fill(graphs.padded_size, input_ids=input_ids, positions=positions)
             input_ids, positions = views["input_ids"], views["positions"]
-        # The step's graph mode, decided once here and trusted by the graph wrappers:
-        # graphs exactly when the padded size is a capture size, FULL for uniform
-        # decodes under FULL_AND_PIECEWISE.
-        descriptor = BatchDescriptor(num_tokens=padded, uniform_decode=uniform_decode)
-        mode = step_graph_mode(self.config, padded, descriptor) if graphs else GraphMode.NONE
         with (
             torch.inference_mode(),
-            set_forward_context(metadata, graph_mode=mode, batch_descriptor=descriptor) as context,
+            set_forward_context(
+                self._laid_out(graphs, metadata),
+                graph_mode=graphs.mode,
+                batch_descriptor=graphs.batch_descriptor,
+            ),
         ):
-            if mode == GraphMode.FULL:
-                context.attn_metadata = self._full_graph_metadata(padded, metadata)
             hidden = self.model(input_ids, positions)
         return hidden[:num_tokens]
 
-    def _full_graph_metadata(
-        self, padded: int, metadata: AttentionMetadata | None
-    ) -> AttentionMetadata:
-        """The step's metadata copied into the static buffers a FULL graph reads."""
-        assert self.static_metadata is not None and self.config is not None
-        if self.config.graph_mode == GraphMode.FULL_AND_PIECEWISE:
-            return self.static_metadata.uniform_decode(padded, metadata)
-        return self.static_metadata.general(padded, metadata)
+    def _laid_out(
+        self, graphs: StepGraphs, metadata: AttentionMetadata | None
+    ) -> AttentionMetadata | None:
+        """The step's metadata as ``graphs.metadata_layout`` says: as built, or copied
+        into the static buffers a FULL graph reads."""
+        if graphs.metadata_layout == MetadataLayout.AS_BUILT:
+            return metadata
+        assert self.static_metadata is not None
+        if graphs.metadata_layout == MetadataLayout.UNIFORM_DECODE:
+            return self.static_metadata.uniform_decode(graphs.padded_size, metadata)
+        return self.static_metadata.general(graphs.padded_size, metadata)
 
     def capture(self, *, progress: bool = True) -> list[CaptureReport]:
-        """Capture a graph for every capture size (no-op without graphs)."""
-        if not self.capture_sizes or self.config is None:
+        """Capture every graph of the dispatcher's capture plan (no-op without graphs)."""
+        plan = self.dispatcher.capture_plan()
+        if not plan or self.config is None:
             return []
         zeros = torch.zeros(self.capture_sizes[-1], dtype=torch.long, device=self.device)
-        # FULL_AND_PIECEWISE keeps two sets of graphs per size: the full model's for
-        # uniform decodes and the pieces' for every other batch.
-        both = self.config.graph_mode == GraphMode.FULL_AND_PIECEWISE
-        kinds = (True, False) if both else (False,)
 
-        def run_step(size: int) -> None:
+        def run_case(case: CaptureCase) -> None:
             # A step without real requests is enough: pieces never contain attention
             # (without metadata the op only zero-fills its output), and a full graph
             # captures attention over the static metadata's padding requests.
-            for uniform_decode in kinds:
-                self.execute(zeros[:size], zeros[:size], None, uniform_decode=uniform_decode)
+            size = case.size
+            self.execute(zeros[:size], zeros[:size], None, uniform_decode=case.uniform_decode)
 
         return capture_graphs(
-            run_step,
-            self.capture_sizes,
+            run_case,
+            plan,
             self.platform,
             runs_per_size=self.config.graph_warmups + 1,
             progress=progress,

@@ -17,7 +17,6 @@ from slotwise.compilation.config import CompilationConfig, GraphMode
 from slotwise.compilation.splitting.fx_split import split_graph
 from slotwise.compilation.splitting.inductor_partition import (
     PartitionedInductorCompiler,
-    SizedStep,
     platform_partition_wrapper,
 )
 from slotwise.compilation.splitting.piecewise_backend import CompiledPiecewiseBackend
@@ -125,7 +124,6 @@ class TraceOnceBackend:
                 # Counted as vLLM does: one piece, capturable, that Inductor partitions.
                 counters.bump("num_piecewise_graphs_seen")
                 counters.bump("num_piecewise_capturable_graphs_seen")
-                compiled = SizedStep(compiled, example_inputs)
         if self.config.graph_mode and self.config.graph_mode.has_full_graphs:
             compiled = StaticGraphWrapper(
                 compiled,

@@ -18,8 +18,6 @@ import torch.fx
 
 from slotwise.compilation.compilers import CompiledPiece, Compiler, InductorCompiler
 from slotwise.compilation.config import CompilationConfig, ConfigError, GraphMode
-from slotwise.compilation.splitting.piecewise_backend import find_size_source, read_size
-from slotwise.forward_context import BatchDescriptor, set_forward_context, try_get_forward_context
 
 PartitionWrapper = Callable[[Callable[..., Any], Any], Callable[..., Any]]
 
@@ -93,11 +91,15 @@ def partition_wrapper_hook(wrapper: PartitionWrapper | None) -> Iterator[None]:
 def platform_partition_wrapper(
     wrapper_cls: type | None, config: CompilationConfig
 ) -> PartitionWrapper | None:
-    """Wrap each partition in the platform's static-graph wrapper (PIECEWISE role)."""
+    """Wrap each partition in the platform's static-graph wrapper (PIECEWISE role), in
+    graph modes with piecewise graphs (the config is settled by the time Inductor calls
+    ``wrap``)."""
     if wrapper_cls is None:
         return None
 
     def wrap(partition: Callable[..., Any], metadata: Any) -> Callable[..., Any]:
+        if config.graph_mode is None or not config.graph_mode.has_piecewise_graphs:
+            return partition
         return wrapper_cls(
             partition,
             config,
@@ -107,20 +109,3 @@ def platform_partition_wrapper(
         )
 
     return wrap
-
-
-class SizedStep:
-    """Puts the step's size in the forward context when the caller set none, so that
-    partitions, which see no example inputs, know which graph to use."""
-
-    def __init__(self, runnable: Callable[..., Any], example_inputs: Sequence[Any]) -> None:
-        self.runnable = runnable
-        self.size_source = find_size_source(example_inputs)
-
-    def __call__(self, *args: Any) -> Any:
-        if try_get_forward_context() is not None:
-            return self.runnable(*args)
-        size = read_size(self.size_source, args)
-        descriptor = None if size is None else BatchDescriptor(num_tokens=size)
-        with set_forward_context(None, batch_descriptor=descriptor):
-            return self.runnable(*args)

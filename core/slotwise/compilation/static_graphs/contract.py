@@ -10,8 +10,9 @@ A captured graph replays fixed kernels on fixed addresses, so:
   ``StaticGraphError`` naming the ``GraphAPI``;
 - capture happens only after warm-up runs, and, once a runner has captured the
   sizes it serves (the capture window), never again at run time;
-- which graph acts in a step (none, the pieces', or the full model's) follows one
-  rule, ``graph_modes.step_graph_mode``, so nested wrappers never both capture.
+- which graph acts in a step (none, the pieces', or the full model's) is decided in
+  one place, the model's ``GraphDispatcher``, and each wrapper acts only in steps of
+  its own mode, so nested wrappers never both capture.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""The one rule for static-graph modes: what works where, which mode a model runs with,
-and which graphs act in a step.
+"""The one rule for static-graph modes: what works where and which mode a model runs with.
 
-Platform defaults, the graph wrappers, the ``ModelRunner``, ``slotwise env``,
-``slotwise matrix`` and the bench all ask these functions, so they can never disagree
-about a mode, nor about why a model gets the mode it gets.  Where slotwise has no
+Platform defaults, the ``GraphDispatcher`` (which decides each step's graphs from the
+mode settled here), ``slotwise env``, ``slotwise matrix`` and the bench all ask these
+functions, so they can never disagree about a mode, nor about why a model gets the mode
+it gets.  Where slotwise has no
 documented reason to differ, the semantics are vLLM's: graphs need compilation (level 2
 for FULL, level 3 for the pieces), nothing split means no piecewise graphs, and a model
 that runs uncompiled captures nothing.
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     import torch
 
     from slotwise.compilation.config import CompilationConfig
-    from slotwise.forward_context import BatchDescriptor
     from slotwise.platforms import Platform
 
 logger = logging.getLogger("slotwise")
@@ -220,38 +219,6 @@ def sizes_padding_never_reaches(config: CompilationConfig) -> list[int]:
     largest = config.capture_sizes[-1]
     captured = set(config.capture_sizes)
     return [size for size in config.compile_sizes if size < largest and size not in captured]
-
-
-def step_graph_mode(
-    config: CompilationConfig,
-    size: int | None,
-    descriptor: BatchDescriptor | None = None,
-    *,
-    requested: GraphMode | None = None,
-) -> GraphMode:
-    """Which graphs act in a step of ``size`` tokens: NONE, PIECEWISE (the pieces') or
-    FULL (the whole model's).
-
-    The ``ModelRunner`` asks once per step and carries the answer in the forward context;
-    the static-graph wrappers pass that mode on as ``requested`` and it is trusted: size
-    and ``descriptor`` are not looked at again, and it is followed wherever the config
-    captures that kind of graph (NONE where it does not: with graph_mode NONE nothing is
-    ever captured).  A forward context without a mode (set by a test, the conformance
-    kit or a bare model call) gets the runner's rule: a size in ``capture_sizes`` runs
-    with the configured graphs, and FULL_AND_PIECEWISE picks FULL for batches
-    ``descriptor`` marks as uniform decode.
-    """
-    mode = config.graph_mode or GraphMode.NONE
-    if requested == GraphMode.PIECEWISE:
-        return requested if mode.has_piecewise_graphs else GraphMode.NONE
-    if requested == GraphMode.FULL:
-        return requested if mode.has_full_graphs else GraphMode.NONE
-    if requested == GraphMode.NONE or size not in (config.capture_sizes or ()):
-        return GraphMode.NONE
-    if mode == GraphMode.FULL_AND_PIECEWISE:
-        uniform = descriptor is not None and descriptor.uniform_decode
-        return GraphMode.FULL if uniform else GraphMode.PIECEWISE
-    return mode
 
 
 @dataclass(frozen=True)

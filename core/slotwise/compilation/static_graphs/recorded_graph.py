@@ -95,15 +95,35 @@ class _Step:
     kwargs: dict[str, Any]
     #: (index among the output's leaves, the tensor the capture produced there).
     fresh_outputs: tuple[tuple[int, torch.Tensor], ...]
+    #: A collective (``c10d``) op, whose results are complete only once its ``Work`` is waited on.
+    returns_work: bool = False
 
     def replay(self) -> None:
         result = self.run(*self.args, **self.kwargs)
+        if self.returns_work:
+            _wait_for_work(result)
         if not self.fresh_outputs:
             return
         leaves = pytree.tree_leaves(result)
         for index, captured in self.fresh_outputs:
             if leaves[index] is not captured:
                 captured.copy_(leaves[index])
+
+
+def _returns_work(func: Any) -> bool:
+    """Whether ``func`` is a collective that returns a ``c10d`` ``Work`` handle."""
+    return any("c10d.Work" in str(ret.type) for ret in func._schema.returns)
+
+
+def _wait_for_work(result: Any) -> None:
+    """Wait for each ``Work`` handle in ``result``, as ``torch.distributed`` does after
+    dispatching a collective (outside the dispatcher, so never recorded); on a device the
+    stream orders the collective before the kernels that read its results."""
+    import torch.distributed as dist
+
+    for leaf in pytree.tree_leaves(result):
+        if isinstance(leaf, torch.ScriptObject):
+            dist.Work.unbox(leaf).wait()
 
 
 def _refusal(op: str, problem: str, instead: str) -> StaticGraphError:
@@ -162,12 +182,14 @@ class _Recorder(TorchDispatchMode):
         result = func(*args, **kwargs)
         if func in _ALLOCATIONS:
             return result
-        mutates = any(
+        # c10d's collectives write into their tensors without saying so in their schemas.
+        collective = _returns_work(func)
+        mutates = collective or any(
             arg.alias_info is not None and arg.alias_info.is_write for arg in func._schema.arguments
         )
         fresh = _new_tensors(result, (args, kwargs))
         if mutates or fresh:  # a pure view or a metadata query leaves nothing to redo
-            self.steps.append(_Step(func, tuple(args), kwargs, fresh))
+            self.steps.append(_Step(func, tuple(args), kwargs, fresh, collective))
         return result
 
 

@@ -13,17 +13,17 @@ keeps the same rules:
   the wrapper allocated at capture, so callers may pass new tensors every step;
 - the last piece's outputs are held weakly (``GraphAPI.weak_ref``);
 - one class plays every role, chosen by ``runtime_mode``: PIECEWISE around each
-  capturable piece or Inductor partition, FULL around the whole split model, where
-  it also pins the step's graph mode in the forward context so the pieces inside
-  run plain in a FULL step and only they capture in a PIECEWISE step.
+  capturable piece or Inductor partition, FULL around the whole split model.  Each
+  acts only in steps whose forward context carries its own mode (as the
+  ``GraphDispatcher`` decided it) and runs plainly otherwise, so the pieces inside a
+  FULL graph run plain and the FULL wrapper lets a PIECEWISE step through.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,9 +49,8 @@ from slotwise.compilation.static_graphs.contract import (
     input_addresses,
 )
 from slotwise.compilation.static_graphs.graph_api import GraphAPI, StaticGraph
-from slotwise.compilation.static_graphs.graph_modes import step_graph_mode
 from slotwise.compilation.static_graphs.recorded_graph import through_recorder
-from slotwise.forward_context import set_forward_context, try_get_forward_context
+from slotwise.forward_context import try_get_forward_context
 
 if TYPE_CHECKING:
     from slotwise.platforms import Platform
@@ -118,21 +117,14 @@ class StaticGraphWrapper:
         self.entries: dict[int, SizeEntry] = {}
 
     def __call__(self, *args: Any) -> Any:
+        # The step's mode as the GraphDispatcher decided it; no mode is NONE.
         context = try_get_forward_context()
-        descriptor = context.batch_descriptor if context is not None else None
-        size = read_size(self.size_source, args) if descriptor is None else descriptor.num_tokens
-        # The step's mode as the runner decided it (trusted); without one, the runner's
-        # rule decides here, and the FULL wrapper pins the answer for the pieces inside.
-        decided = context.graph_mode if context is not None else None
-        mode = step_graph_mode(self.config, size, descriptor, requested=decided)
-        if self.runtime_mode == GraphMode.FULL:
-            with _pinned_graph_mode(mode):
-                return self._run(mode, size, args)
-        return self._run(mode, size, args)
-
-    def _run(self, mode: GraphMode, size: int | None, args: Sequence[Any]) -> Any:
+        mode = context.graph_mode if context is not None else None
         if mode != self.runtime_mode:
             return self.runnable(*args)
+        assert context is not None and mode is not None
+        descriptor = context.batch_descriptor
+        size = read_size(self.size_source, args) if descriptor is None else descriptor.num_tokens
         entry = None if size is None else self.entries.get(size)
         if entry is not None and entry.replay_only and entry.graph is not None:
             entry.graph.replay()
@@ -202,21 +194,6 @@ def _copied_into(buffers: dict[int, torch.Tensor], args: Sequence[Any]) -> Seque
         buffer.copy_(staged[index])
         staged[index] = buffer
     return staged
-
-
-@contextlib.contextmanager
-def _pinned_graph_mode(mode: GraphMode) -> Iterator[None]:
-    """Make ``mode`` the step's graph mode for everything called inside."""
-    context = try_get_forward_context()
-    if context is None:
-        with set_forward_context(None, graph_mode=mode):
-            yield
-        return
-    previous, context.graph_mode = context.graph_mode, mode
-    try:
-        yield
-    finally:
-        context.graph_mode = previous
 
 
 class StaticGraphPiecewiseBackend(CompiledPiecewiseBackend):

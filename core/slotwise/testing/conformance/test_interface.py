@@ -34,6 +34,7 @@ INTERFACE_METHODS = (
     "device_count",
     "get_device_name",
     "get_device_capability",
+    "device_identity",
     "total_memory",
     "current_memory_usage",
     "set_device",
@@ -106,6 +107,25 @@ def test_device_count_is_a_positive_int() -> None:
         target.fail(
             f"device_count() returned {count!r}; a selected platform must see at least one "
             "device (its probe said it is available)"
+        )
+
+
+def test_device_identity_is_the_same_dict_of_strings_every_time() -> None:
+    """slotwise keys its compile caches on it: anything but a dict of strings fails every
+    compile, and an answer that changes from call to call never finds its cache again."""
+    platform = target.platform()
+    first, second = platform.device_identity(future_kwarg=1), platform.device_identity()
+    if not isinstance(first, dict) or not all(
+        isinstance(key, str) and isinstance(value, str) for key, value in first.items()
+    ):
+        target.fail(
+            f"device_identity() returned {first!r:.200}; return a dict of strings, e.g. "
+            "{**super().device_identity(), 'name': ..., 'driver': ...}"
+        )
+    if second != first:
+        target.fail(
+            f"device_identity() changed between two calls ({first!r:.200}, then "
+            f"{second!r:.200}); describe the device, not the moment"
         )
 
 

@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from slotwise.compilation import CompilationConfig, GraphMode, StaticGraphError, counters
+from slotwise.compilation.static_graphs.dispatcher import GraphDispatcher
 from slotwise.compilation.static_graphs.graph_modes import supported_graph_modes
-from slotwise.forward_context import BatchDescriptor, set_forward_context
 from slotwise.testing.conformance import target
 from slotwise.testing.conformance.toy_setup import (
     HIDDEN,
@@ -64,15 +64,12 @@ def graphs_of(mode: GraphMode, size: int) -> str:
 
 
 @contextlib.contextmanager
-def step(mode: GraphMode, size: int) -> Iterator[None]:
-    """A step of ``size`` tokens; in FULL_AND_PIECEWISE, described as a batch is described
-    by a runner, so that the uniform-decode size takes the full graph."""
-    if mode != GraphMode.FULL_AND_PIECEWISE:
-        yield
-        return
+def step(model: torch.nn.Module, size: int) -> Iterator[None]:
+    """A step of ``size`` tokens with the graphs the model's ``GraphDispatcher`` gives it,
+    as a runner runs it; the uniform-decode size is sent as a uniform decode, which takes
+    the full graph in FULL_AND_PIECEWISE."""
     uniform = size == UNIFORM_DECODE_SIZE
-    descriptor = BatchDescriptor(num_tokens=size, uniform_decode=uniform)
-    with set_forward_context(None, batch_descriptor=descriptor):
+    with GraphDispatcher.for_model(model).step(size, uniform_decode=uniform):
         yield
 
 
@@ -80,7 +77,7 @@ def run(model: torch.nn.Module, buffer: torch.Tensor, mode: GraphMode, what: str
     """``model(buffer)`` in a step of ``mode``; an exception fails the check, naming the run."""
     size = buffer.shape[0]
     try:
-        with step(mode, size):
+        with step(model, size):
             return model(buffer)
     except Exception as exc:  # noqa: BLE001 - reported with the run that raised it
         target.fail(
@@ -195,7 +192,7 @@ def test_a_fresh_input_tensor_at_a_captured_size_raises(mode: GraphMode) -> None
         run(model, buffer, mode, "capture run")
         fresh = torch.empty(size, HIDDEN, device=buffer.device).copy_(buffer)
         try:
-            with step(mode, size):
+            with step(model, size):
                 model(fresh)
         except StaticGraphError:
             continue
