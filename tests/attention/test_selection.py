@@ -303,3 +303,21 @@ def test_a_plugin_failing_half_way_leaves_no_backend_and_a_broken_one_names_its_
     assert others == ["CPU_SDPA"]  # nothing of slotwise-half
     assert typo.startswith("attention backend for platform 'cpu' from plugin 'slotwise_typo'")
     assert "slotwise-typo 0.3" in typo and "cannot import module 'no_such_module_xyz'" in typo
+
+
+SELECT_TWICE = """
+from slotwise.attention.selector import select_attention_backend
+import torch
+for _ in range(2):
+    print(select_attention_backend("cpu", head_size=64, dtype=torch.float32, block_size=16).get_name())
+"""
+
+
+def test_a_broken_higher_priority_backend_passed_over_is_warned_about_once(dists):
+    dists.add("slotwise-typo", TYPO, version="0.3")
+    result = dists.run(SELECT_TWICE, SLOTWISE_PLATFORM="cpu")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["CPU_SDPA", "CPU_SDPA"]
+    warnings = [line for line in result.stderr.splitlines() if "in place of" in line]
+    assert len(warnings) == 1, result.stderr
+    assert "CPU_SDPA" in warnings[0] and "no_such_module_xyz" in warnings[0]

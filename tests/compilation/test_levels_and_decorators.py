@@ -350,3 +350,20 @@ def test_torch_compile_disable_runs_every_level_eagerly_with_one_warning(level, 
             x = torch.randn(size, 8)
             torch.testing.assert_close(model(x), reference(x))
         assert counters.snapshot() == before
+
+
+def test_slotwise_error_inside_the_backend_reaches_the_caller_as_itself(monkeypatch):
+    """A slotwise error raised while Dynamo runs the backend (a full disk, say) names the
+    problem and the fix: the caller gets it, not Dynamo's BackendCompilerFailed wrapping."""
+    from slotwise.compilation.cache.inductor_cache_dir import CacheDiskFullError
+    from slotwise.compilation.splitting.dynamo_backends import TraceOnceBackend
+
+    def full(self, graph, example_inputs):
+        raise CacheDiskFullError("no room for compiled kernels in /full; free space in /full")
+
+    monkeypatch.setattr(TraceOnceBackend, "build", full)
+    model = SillyModel(compilation_config=eager_config())
+    with pytest.raises(CacheDiskFullError, match="no room for compiled kernels") as caught:
+        model(torch.randn(3, 8))
+    assert not isinstance(caught.value, torch._dynamo.exc.BackendCompilerFailed)
+    torch._dynamo.reset()

@@ -147,14 +147,6 @@ def test_tensor_parallel_ranks_each_use_their_own_device(foreign_site, checkpoin
     assert ranks[0]["tokens"] == ranks[1]["tokens"] == expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with graphs, a piece after slotwise::tp_all_reduce (split there by platforms whose "
-    "collectives cannot be captured, as ascend_stub's) gets the all-reduce's new output "
-    "tensor at each step, so the replay's input-address check refuses it "
-    "(core/slotwise/compilation/static_graphs/contract.py, check_input_addresses); "
-    "ascend_stub fails the same way, so the device type is not the cause",
-)
 def test_tensor_parallel_with_simulated_graphs_gives_the_level0_tokens(foreign_site, checkpoint):
     eager = tensor_parallel(foreign_site, checkpoint, "0")
     graphs = tensor_parallel(foreign_site, checkpoint, "3", ".backend=eager", FEW_CAPTURE_SIZES[2:])

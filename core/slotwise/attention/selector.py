@@ -69,15 +69,17 @@ def select_attention_backend(
             )
         _announce(platform_name, backend, f"{source}={selected}")
         return backend
-    rejected = []
+    rejected, broken = [], []
     for entry in entries:
         try:
             backend = entry.load()
         except AttentionBackendError as exc:  # a broken backend must not hide the others
             rejected.append(f"{entry.label}: {exc}")
+            broken.append(rejected[-1])
             continue
         reasons = backend.validate(**requirements)
         if not reasons:
+            _warn_passed_over(platform_name, backend, broken)
             _announce(platform_name, backend, f"priority {entry.priority}")
             return backend
         rejected.append(f"{backend.get_name()} ({entry.label}): {'; '.join(reasons)}")
@@ -133,6 +135,25 @@ def _named(
 def _describe(requirements: dict[str, Any]) -> str:
     given = ", ".join(f"{k}={v}" for k, v in requirements.items() if v is not None)
     return given or "any requirements"
+
+
+def _warn_passed_over(
+    platform_name: str, backend: type[AttentionBackend], broken: list[str]
+) -> None:
+    """One warning per broken backend that a lower-priority one replaced: falling back
+    is never silent."""
+    for problem in broken:
+        key = (platform_name, problem)
+        if key not in _announced:
+            _announced.add(key)
+            logger.warning(
+                "attention backend %s on platform %s serves in place of a higher-priority "
+                "backend that cannot be loaded (%s); fix or uninstall the plugin that "
+                "registers it",
+                backend.get_name(),
+                platform_name,
+                problem,
+            )
 
 
 def _announce(platform_name: str, backend: type[AttentionBackend], why: str) -> None:

@@ -260,6 +260,12 @@ class CompiledForward:
                 "dynamic_arg_dims, or compile at level 1, which re-traces per size. "
                 f"Dynamo: {_user_location(err)}"
             ) from err
+        except torch._dynamo.exc.BackendCompilerFailed as err:
+            # slotwise's own error from inside the backend (a full disk, a refused
+            # config) already names the problem and the fix: shown as it is, one line.
+            if isinstance(err.inner_exception, SlotwiseError):
+                raise err.inner_exception from None
+            raise
         if backend is not None and backend.warm_start is not None:
             backend.warm_start.save(result)
         self.compiled = compiled

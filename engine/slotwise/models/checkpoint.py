@@ -13,9 +13,9 @@ never memory-mapped: a mapped file that another process truncates kills the read
 with SIGBUS, which no Python code can catch, where a read that comes up short is one
 CheckpointError naming the file.  Reading a slice reads only its bytes: a
 tensor-parallel rank reads just its rows or columns.  ``CheckpointTensor.copy_to``
-reads a slice straight into its parameter's memory, so loading copies each byte once,
-as copying from a memory map does; a parameter on another device or of another dtype
-is filled through one small staging buffer.
+reads a slice straight into its parameter's memory, so each byte is copied once, as
+from a memory map; columns of narrow rows (read in blocks of whole rows) and a
+parameter on another device or of another dtype go through one small staging buffer.
 """
 
 from __future__ import annotations
@@ -109,8 +109,9 @@ class CheckpointTensor:
         ``dest``, a tensor of the slice's shape, with no copy of the slice on the way.
 
         A contiguous CPU ``dest`` of the file's dtype is read into directly; any other
-        (on another device, of another dtype or layout) is filled from a staging buffer
-        of at most ``_STAGING_BYTES``, a block of rows at a time.
+        (on another device, of another dtype or layout), and a slice of columns of
+        narrow rows, is filled from a staging buffer of ``_STAGING_BYTES``, a block of
+        rows at a time, so no memory of the slice's size is taken.
         """
         bounds = _bounds(... if index is None else index, self.shape)
         dtype = self._torch_dtype()

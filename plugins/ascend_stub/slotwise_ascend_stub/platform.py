@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 #: Memory each simulated NPU pretends to have.
 STUB_DEVICE_MEMORY = 16 * 1024**3
-#: The tensor-parallel all-reduce, which the stub's graphs cannot capture.
+#: The tensor-parallel all-reduce, which the stub keeps out of its piecewise graphs.
 COLLECTIVE_SPLITTING_OP = "slotwise::tp_all_reduce"
 
 
@@ -72,7 +72,8 @@ class AscendStubPlatform(Platform):
         return stub_graph_api
 
     def check_and_update_config(self, config: CompilationConfig, **kwargs: Any) -> None:
-        """Collectives run between graphs on this "hardware".
+        """The all-reduce runs between the piecewise graphs on this "hardware" (a FULL
+        graph holds it, as it holds attention).
 
         Adding a splitting op is how a platform keeps an op out of its static graphs;
         slotwise logs the change.  (Real NPUs have their own such ops.)

@@ -487,7 +487,9 @@ class RecordedGraphAPI:
     (``torch.library.custom_op``, ``Library.impl``) through the ops inside them, so their
     Python (reading the forward context, say) runs once, at capture; other custom ops
     (compiled kernels) whole, run again with the captured arguments; Triton launches made
-    on the capturing thread as launches, repeated with the captured arguments.
+    on the capturing thread as launches, repeated with the captured arguments;
+    ``torch.distributed`` collectives (``c10d`` ops) as ops, each replay waiting for them
+    to finish, as ``torch.distributed`` itself does after starting one.
     ``torch.compile``'d functions called inside a capture run eagerly (Dynamo steps aside
     while a dispatch mode is active), so their ops are recorded one by one.
 
