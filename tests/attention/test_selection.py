@@ -309,7 +309,8 @@ SELECT_TWICE = """
 from slotwise.attention.selector import select_attention_backend
 import torch
 for _ in range(2):
-    print(select_attention_backend("cpu", head_size=64, dtype=torch.float32, block_size=16).get_name())
+    chosen = select_attention_backend("cpu", head_size=64, dtype=torch.float32, block_size=16)
+    print(chosen.get_name())
 """
 
 
