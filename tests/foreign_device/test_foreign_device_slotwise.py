@@ -97,12 +97,6 @@ def test_bench_measures_eager_level3_and_graphs_on_the_device(foreign_site):
     assert all(m["max_abs_logit_diff"] < 1e-4 for m in report["measurements"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bench's default variants include torch.compile, which compiles with Inductor "
-    "whatever the platform's default_compile_backend says (engine/slotwise/"
-    "decode_benchmark.py, setup_variant): Inductor has no code generator for 'foreign'",
-)
 def test_bench_default_variants_run_on_the_device(foreign_site):
     result = run_slotwise(foreign_site, *BENCH)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -115,11 +109,6 @@ def test_model_runner_with_simulated_graphs_gives_the_eager_tokens(foreign_site)
     assert result["tokens"] == result["eager_tokens"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="build_llama and LlamaForCausalLM.empty default to device='cpu' "
-    "(engine/slotwise/models/llama.py), not the current platform's device as load_model does",
-)
 def test_build_llama_puts_the_model_on_the_platforms_device(foreign_site):
     assert run_worker(foreign_site, "default-device")["weights_device"] == "foreign:0"
 
