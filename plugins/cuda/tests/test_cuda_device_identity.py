@@ -12,6 +12,7 @@ from slotwise_cuda.platform import CudaPlatform
 
 
 @pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 def test_the_identity_names_the_gpu_its_capability_driver_and_runtime():
     identity = CudaPlatform().device_identity()
     major, minor = torch.cuda.get_device_capability()

@@ -122,7 +122,7 @@ class StaticGraphWrapper:
         mode = context.graph_mode if context is not None else None
         if mode != self.runtime_mode:
             return self.runnable(*args)
-        assert context is not None and mode is not None
+        assert context is not None
         descriptor = context.batch_descriptor
         size = read_size(self.size_source, args) if descriptor is None else descriptor.num_tokens
         entry = None if size is None else self.entries.get(size)
