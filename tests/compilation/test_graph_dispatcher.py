@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graph_test_platforms import BOTH, FULL, NONE, PIECEWISE, Graphs, NoGraphs, backend
 
 from slotwise.attention.backend import GraphSupport
 from slotwise.compilation import CompilationConfig, ConfigError, GraphMode
@@ -14,43 +15,13 @@ from slotwise.compilation.static_graphs.dispatcher import (
     MetadataLayout,
 )
 from slotwise.forward_context import BatchDescriptor, get_forward_context
-from slotwise.platforms import Platform
 
-NONE, PIECEWISE, FULL, BOTH = (
-    GraphMode.NONE,
-    GraphMode.PIECEWISE,
-    GraphMode.FULL,
-    GraphMode.FULL_AND_PIECEWISE,
-)
 AS_BUILT, UNIFORM, GENERAL = (
     MetadataLayout.AS_BUILT,
     MetadataLayout.UNIFORM_DECODE,
     MetadataLayout.GENERAL,
 )
 CAPTURE_SIZES = [4, 1, 2]  # in any order
-
-
-class NoGraphs(Platform):
-    name = "no_graphs"
-    device_type = "cpu"
-
-
-class Graphs(NoGraphs):
-    name = "graphs"
-
-    def get_graph_api(self, **kwargs):
-        return object()
-
-
-def backend(support: GraphSupport) -> type:
-    class Backend:
-        graph_support = support
-
-        @classmethod
-        def get_name(cls) -> str:
-            return f"{support.name}_BACKEND"
-
-    return Backend
 
 
 def dispatcher(mode: GraphMode, backends=(), platform=None) -> GraphDispatcher:

@@ -7,9 +7,10 @@ import logging
 import re
 
 import pytest
+from graph_test_platforms import BOTH, FULL, NONE, PIECEWISE, Graphs, NoGraphs, backend
 
 from slotwise.attention.backend import GraphSupport
-from slotwise.compilation import CompilationConfig, CompilationLevel, ConfigError, GraphMode
+from slotwise.compilation import CompilationConfig, CompilationLevel, ConfigError
 from slotwise.compilation.compiled_forward import prepare_config
 from slotwise.compilation.platform_defaults import apply_platform_defaults
 from slotwise.compilation.static_graphs.graph_modes import (
@@ -21,37 +22,6 @@ from slotwise.compilation.static_graphs.graph_modes import (
     sizes_padding_never_reaches,
     supported_graph_modes,
 )
-from slotwise.platforms import Platform
-
-NONE, PIECEWISE, FULL, BOTH = (
-    GraphMode.NONE,
-    GraphMode.PIECEWISE,
-    GraphMode.FULL,
-    GraphMode.FULL_AND_PIECEWISE,
-)
-
-
-class NoGraphs(Platform):
-    name = "no_graphs"
-    device_type = "cpu"
-
-
-class Graphs(NoGraphs):
-    name = "graphs"
-
-    def get_graph_api(self, **kwargs):
-        return object()
-
-
-def backend(support: GraphSupport) -> type:
-    class Backend:
-        graph_support = support
-
-        @classmethod
-        def get_name(cls) -> str:
-            return f"{support.name}_BACKEND"
-
-    return Backend
 
 
 @pytest.mark.parametrize(
