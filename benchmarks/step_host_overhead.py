@@ -1,4 +1,4 @@
-"""Measure the host work of one piecewise decode step, phase by phase, against a bare loop.
+"""Measure the host work of one graph-replaying decode step, phase by phase, against a bare loop.
 
 Why: on a GPU a small model's decode step is bound by the host: every microsecond of
 Python between two graph replays is a microsecond the device waits.  On the CPU this
@@ -11,27 +11,36 @@ kernel replaced by nothing (its Python, the KV write and the argument checks sti
 run).  The LM head's product, a kernel outside the graphs, is replaced by a fixed
 logits buffer; the greedy argmax over it still runs.
 
+``--graph-mode FULL_AND_PIECEWISE`` times uniform decode steps, which replay one graph
+of the whole model (attention inside it) after the runner copied the step's attention
+metadata into the static buffers the graph reads.
+
 The reference, timed in the same run, step for step in turn with the slotwise step, is
 a hand-written loop that makes the same replay and launch calls and nothing else: the
-copy of the step's token ids and positions into the static input buffers, the replay
-of every piece's graph, per layer the KV-cache write of the step's new keys and values
-(one copy each) and the attention-kernel launch with the arguments the step's own
-launch had, then the logits and the argmax.
+copy of the step's token ids and positions into the static input buffers, then under
+PIECEWISE the replay of every piece's graph, per layer the KV-cache write of the step's
+new keys and values (one copy each) and the attention-kernel launch with the arguments
+the step's own launch had; under FULL_AND_PIECEWISE the copy of what a decode step
+changes in the static attention metadata (sequence lengths, slot mapping) and the one
+replay; then the logits and the argmax.  ``--batch`` requests decode in each step.
 
 Phases (exclusive time, from a separate instrumented run; the instrumentation itself
 adds ``probe_us_per_step``): the runner's input preparation (batch order, token and
 position tensors, static buffers, forward context) and its metadata build, the model
-entry (module call, Dynamo's guards, the split graph's forward), each piece's graph
-wrapper, the graph replays, the attention op (the dispatcher's call into it and its
-body, measured by calling the op alone), the backend's metadata slices, its tensor
-checks, the KV write and the kernel launch, and sampling.
+entry (module call, Dynamo's guards, the split graph's forward), the graph wrappers
+(each piece's, or the whole model's), the graph replays, under FULL_AND_PIECEWISE the
+runner's copy of the metadata into the static buffers, the attention op (the
+dispatcher's call into it and its body, measured by calling the op alone), the backend's
+metadata slices, its tensor checks, the KV write and the kernel launch, and sampling.
 
-``--device cuda`` runs the same step and reference with the platform's real CUDA graphs
-and Triton kernels: host time per step until the step returns (the device is
-synchronised outside the timed call), device time per step from CUDA events, and
-kernel launches per step from torch.profiler.  ``--profile`` adds a cProfile of the
-step.  Results go to ``<out-dir>/step_host_overhead.json`` and ``.md`` (and
-``step_host_overhead_profile.txt``); the Markdown (or the JSON with ``--json``) is
+``--device cuda`` runs the same step and reference in bfloat16 (``--dtype``) with the
+platform's real CUDA graphs, Triton kernels and the real LM head (``--lm-head``; both
+can be chosen on the CPU too, which checks that path without a GPU): host time per step
+until the step returns (the device is synchronised outside the timed call), device time
+per step from CUDA events, and kernel launches per step from torch.profiler.
+``--profile`` adds a cProfile of the step. Results go to
+``<out-dir>/<name>.json`` and ``.md`` (``--name``, default ``step_host_overhead``; and
+``<name>_profile.txt``); the Markdown (or the JSON with ``--json``) is
 printed.
 """
 
@@ -64,10 +73,14 @@ from common import (
 )
 from torch.utils._pytree import tree_leaves
 
-from slotwise.compilation import CompilationConfig
+from slotwise.attention import StaticAttentionMetadata
+from slotwise.compilation import CompilationConfig, GraphMode
 from slotwise.compilation.compiled_forward import CompiledForward
 from slotwise.compilation.static_graphs.contract import reset_capture_window
-from slotwise.compilation.static_graphs.wrapper import StaticGraphPiecewiseBackend
+from slotwise.compilation.static_graphs.wrapper import (
+    StaticGraphPiecewiseBackend,
+    StaticGraphWrapper,
+)
 from slotwise.forward_context import set_forward_context
 from slotwise.layers.logits import LogitsHead
 from slotwise.models.llama import PRESETS, build_llama
@@ -75,7 +88,10 @@ from slotwise.platforms import Platform, get_current_platform, use_platform
 from slotwise.runner.model_runner import ModelRunner, Request
 from slotwise.runner.sampling import Sampler, SamplingParams
 
-TARGET_RATIO = 1.3
+GRAPH_MODES = ("PIECEWISE", "FULL_AND_PIECEWISE")
+#: The most a step may take, as a multiple of the reference, per graph mode.
+TARGET_RATIOS = {"PIECEWISE": 1.3, "FULL_AND_PIECEWISE": 1.1}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CAPTURE_SIZES = [1, 2, 4, 8]
 PROMPT_LEN = 8
 WARMUP_STEPS = 20
@@ -204,6 +220,8 @@ class Setup:
     batch: int
     logits: Callable[[torch.Tensor], torch.Tensor]
     num_layers: int
+    #: The decode steps replay one FULL graph (FULL_AND_PIECEWISE): attention is inside.
+    full_graph: bool
     reference: list[Callable[[], Any]] = field(default_factory=list)
 
     @property
@@ -251,24 +269,15 @@ def build_setup(args: argparse.Namespace, stack: contextlib.ExitStack) -> Setup:
     config = CompilationConfig(
         level=3,
         backend=args.backend,
-        graph_mode="PIECEWISE",
+        graph_mode=args.graph_mode,
         capture_sizes=CAPTURE_SIZES,
         disable_cache=True,
     )
     model = build_llama(
-        args.preset,
-        seed=0,
-        compilation_config=config,
-        dtype=torch.bfloat16 if cuda else torch.float32,
-        device=args.device,
+        args.preset, seed=0, compilation_config=config, dtype=args.dtype, device=args.device
     )
-    # The longest run: profiling, or the device metrics' two runs and the profiler's.
-    if cuda:
-        weight = model.lm_head.weight
-
-        def logits(hidden: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.linear(hidden, weight).float()
-
+    if args.lm_head == "real":
+        logits = lm_head_logits(model)
     else:
         # Set before the first call: Dynamo's guards on the model then see it already.
         logits = NullLogits(max(CAPTURE_SIZES), preset.vocab_size)
@@ -278,15 +287,34 @@ def build_setup(args: argparse.Namespace, stack: contextlib.ExitStack) -> Setup:
     runner = ModelRunner(model, num_blocks=args.batch * -(-tokens // preset.block_size) + 2)
     LOG.info("capturing %s graphs for sizes %s", "CUDA" if cuda else "null", CAPTURE_SIZES)
     runner.capture(progress=False)
-    setup = Setup(runner, api, platform, args.batch, logits, preset.num_layers)
+    full_graph = runner.dispatcher.dispatch(args.batch, uniform_decode=True).mode == GraphMode.FULL
+    setup = Setup(runner, api, platform, args.batch, logits, preset.num_layers, full_graph)
     setup.reference = trace_reference(setup)
     return setup
 
 
+def lm_head_logits(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The reference's logits: the LM head's product alone, in float32 as the step's."""
+    weight = model.lm_head.weight
+
+    def logits(hidden: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(hidden, weight).float()
+
+    return logits
+
+
+def reference_hidden(setup: Setup) -> torch.Tensor:
+    """The hidden states the reference's logits read: the model's dtype, as the step's."""
+    model = setup.runner.model
+    dtype = next(model.parameters()).dtype
+    return torch.zeros(setup.batch, model.config.hidden_size, dtype=dtype, device=setup.device)
+
+
 def trace_reference(setup: Setup) -> list[Callable[[], Any]]:
     """The reference loop's calls: the input copies, every replay and launch of one real
-    decode step in its order, each launch preceded by its layer's KV write, then the
-    logits and the argmax."""
+    decode step in its order, each launch preceded by its layer's KV write (under
+    FULL_AND_PIECEWISE: the metadata copies and the one replay), then the logits and
+    the argmax."""
     runner = setup.runner
     requests = runner.add_requests([[1] * PROMPT_LEN] * setup.batch, 4)
     sampler = Sampler([SamplingParams()] * setup.batch, setup.device)
@@ -305,17 +333,36 @@ def trace_reference(setup: Setup) -> list[Callable[[], Any]]:
         lambda: buffers["positions"][: setup.batch].copy_(ids),
     ]
     caches = [m.kv_cache for m in runner.model.modules() if hasattr(m, "attn_backend")]
+    if setup.full_graph:
+        assert runner.static_metadata is not None
+        calls += metadata_copies(runner.static_metadata, setup.batch)
     writes = iter([kv_write(cache, setup.batch) for cache in caches])
     for kind, call in trace:
         if kind == "launch":
             calls.append(next(writes))
         calls.append(call)
     launches = sum(kind == "launch" for kind, _ in trace)
-    if launches != len(caches):
-        raise RuntimeError(f"traced {launches} attention launches for {len(caches)} layers")
-    hidden = torch.zeros(setup.batch, runner.model.config.hidden_size, device=setup.device)
+    replays = sum(kind == "replay" for kind, _ in trace)
+    expected = (0, 1) if setup.full_graph else (len(caches), len(caches) + 1)
+    if (launches, replays) != expected:
+        raise RuntimeError(
+            f"traced {launches} attention launches and {replays} replays for "
+            f"{len(caches)} layers, not {expected[0]} and {expected[1]}"
+        )
+    hidden = reference_hidden(setup)
     calls.append(lambda: setup.logits(hidden).argmax(-1).tolist())
     return calls
+
+
+def metadata_copies(static: StaticAttentionMetadata, batch: int) -> list[Callable[[], Any]]:
+    """What a decode step changes in the static metadata a FULL graph reads, copied in
+    (the values the traced step left there): each request's sequence length and slot."""
+    seq_lens = static.seq_lens[:batch].clone()
+    slots = static.slot_mapping[:batch].clone()
+    return [
+        lambda: static.seq_lens[:batch].copy_(seq_lens),
+        lambda: static.slot_mapping[:batch].copy_(slots),
+    ]
 
 
 def kv_write(kv_cache: torch.Tensor, batch: int) -> Callable[[], Any]:
@@ -425,7 +472,8 @@ def phase_hooks(setup: Setup) -> list[tuple[str, Any, str]]:
         ("runner: step inputs", ModelRunner, "step"),
         ("runner: metadata build", runner.metadata_builder, "build"),
         ("model entry", CompiledForward, "__call__"),
-        ("piece wrapper", StaticGraphPiecewiseBackend, "__call__"),
+        ("graph wrapper", StaticGraphPiecewiseBackend, "__call__"),
+        ("graph wrapper", StaticGraphWrapper, "__call__"),
         ("graph replay", RecordingGraph, "replay"),
         ("attention: kv write", backend, "write_to_kv_cache"),
         ("attention: launch binding and checks", kernels, "PagedAttentionLaunch"),
@@ -437,7 +485,12 @@ def phase_hooks(setup: Setup) -> list[tuple[str, Any, str]]:
             "__call__",
         ),
     ]
-    hooks += [("attention: metadata", layer.impl, "forward") for layer in attention_layers(runner)]
+    if setup.full_graph:
+        hooks.append(("runner: metadata copy", StaticAttentionMetadata, "uniform_decode"))
+    else:
+        hooks += [
+            ("attention: metadata", layer.impl, "forward") for layer in attention_layers(runner)
+        ]
     return hooks
 
 
@@ -490,8 +543,9 @@ def time_attention_op(setup: Setup, calls: int) -> dict[str, float]:
     runner = setup.runner
     layer = attention_layers(runner)[0]
     batch = setup.batch
-    q = torch.zeros(batch, layer.num_heads, layer.head_size, device=setup.device)
-    k = torch.zeros(batch, layer.num_kv_heads, layer.head_size, device=setup.device)
+    dtype = layer.kv_cache.dtype
+    q = torch.zeros(batch, layer.num_heads, layer.head_size, dtype=dtype, device=setup.device)
+    k = torch.zeros(batch, layer.num_kv_heads, layer.head_size, dtype=dtype, device=setup.device)
     out = torch.empty_like(q)
     metadata = runner.metadata_builder.build([1] * batch, [PROMPT_LEN] * batch, [[0]] * batch)
     op = torch.ops.slotwise.unified_attention_with_output
@@ -593,23 +647,28 @@ def build_report(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
         setup = build_setup(args, stack)
         samples = measure(setup, args.rounds, args.steps)
         phases = measure_phases(setup, args.rounds, args.steps)
-        op = time_attention_op(setup, 200 * args.steps)
         layers = setup.num_layers
-        phases["model entry"] -= layers * sum(op.values())
-        phases.update({name: value * layers for name, value in op.items()})
+        if not setup.full_graph:  # inside a FULL graph the op is not called
+            op = time_attention_op(setup, 200 * args.steps)
+            phases["model entry"] -= layers * sum(op.values())
+            phases.update({name: value * layers for name, value in op.items()})
         step = statistics.median(samples["step"])
         reference = statistics.median(samples["reference"])
         ratio = step / reference
+        target = TARGET_RATIOS[args.graph_mode]
         instrumented_total = sum(phases.values())
         report: dict[str, Any] = {
             **environment(),
             "device": args.device,
+            "dtype": str(args.dtype).removeprefix("torch."),
+            "lm_head": args.lm_head,
             "torch_threads": torch.get_num_threads(),
             "preset": args.preset,
             "num_layers": layers,
             "batch": args.batch,
             "compile_backend": args.backend,
-            "graph_mode": "PIECEWISE",
+            "graph_mode": args.graph_mode,
+            "full_graph_step": setup.full_graph,
             "capture_sizes": CAPTURE_SIZES,
             "attention_backend": "TRITON_PAGED",
             "rounds": args.rounds,
@@ -623,8 +682,8 @@ def build_report(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
                 3,
             ),
             "ratio": round(ratio, 3),
-            "target_ratio": TARGET_RATIO,
-            "meets_target": ratio <= TARGET_RATIO,
+            "target_ratio": target,
+            "meets_target": ratio <= target,
             "phases_us_per_step": {name: round(value, 2) for name, value in sorted(phases.items())},
             "phases_us_per_layer": {
                 name: round(value / layers, 2)
@@ -649,9 +708,9 @@ def render_markdown(report: dict[str, Any]) -> str:
     """The step against the reference, then the phases per step and per layer."""
     step, reference = report["step_us"], report["reference_us"]
     lines = [
-        f"Host time of a piecewise decode step: preset `{report['preset']}` "
-        f"({report['num_layers']} layers), batch {report['batch']}, device {report['device']}, "
-        f"{report['rounds']} rounds x {report['steps_per_round']} steps",
+        f"Host time of a decode step under {report['graph_mode']}: preset `{report['preset']}` "
+        f"({report['num_layers']} layers), batch {report['batch']}, device {report['device']} "
+        f"({report['dtype']}), {report['rounds']} rounds x {report['steps_per_round']} steps",
         "",
         "| loop | median (µs/step) | min | p90 |",
         "|---|---:|---:|---:|",
@@ -672,7 +731,12 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += [
         "",
         f"phases from an instrumented run (its probes add {report['probe_us_per_step']:.1f} "
-        "µs/step); the op's dispatch and body are timed apart and taken out of the model entry",
+        "µs/step)"
+        + (
+            ""
+            if report["full_graph_step"]
+            else "; the op's dispatch and body are timed apart and taken out of the model entry"
+        ),
     ]
     metrics = report.get("device_metrics")
     if metrics:
@@ -693,16 +757,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--preset", default="small", choices=sorted(PRESETS))
     parser.add_argument("--batch", type=int, default=1, help="requests per decode step")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument(
+        "--graph-mode",
+        default="PIECEWISE",
+        choices=GRAPH_MODES,
+        help="PIECEWISE: pieces' graphs with attention between them; FULL_AND_PIECEWISE: "
+        "decode steps replay one graph of the whole model",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        help="model dtype (default: bfloat16 on cuda, else float32)",
+    )
+    parser.add_argument(
+        "--lm-head",
+        choices=("null", "real"),
+        help="the LM head's product: a fixed logits buffer (null) or the real one "
+        "(default: real on cuda, else null)",
+    )
     parser.add_argument("--backend", default="eager", help="compiler of the level-3 pieces")
     parser.add_argument("--rounds", type=int, default=30, help="timed rounds")
     parser.add_argument("--steps", type=int, default=20, help="decode steps per round")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--profile", action="store_true", help="also cProfile the step")
+    parser.add_argument(
+        "--name", default="step_host_overhead", help="results go to NAME.json and NAME.md"
+    )
     add_output_args(parser)
     args = parser.parse_args(argv)
     require_positive(parser, args, "batch", "rounds", "steps", "threads")
     if args.batch > max(CAPTURE_SIZES):
         parser.error(f"--batch must be at most {max(CAPTURE_SIZES)}, the largest capture size")
+    cuda = args.device == "cuda"
+    args.dtype = DTYPES[args.dtype or ("bfloat16" if cuda else "float32")]
+    args.lm_head = args.lm_head or ("real" if cuda else "null")
     return args
 
 
@@ -710,7 +798,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging()
     args = parse_args(argv)
     report, profile_text = build_report(args)
-    publish("step_host_overhead", report, render_markdown(report), args, profile_text)
+    publish(args.name, report, render_markdown(report), args, profile_text)
     return 0
 
 

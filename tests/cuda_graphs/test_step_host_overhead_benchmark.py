@@ -1,5 +1,6 @@
-"""benchmarks/step_host_overhead.py end to end on the tiny preset: one short run that
-reports every phase and the reference loop (no timing is asserted)."""
+"""benchmarks/step_host_overhead.py end to end on the tiny preset: short runs in both graph
+modes that report every phase, the reference loop and the ratio (no timing is asserted).
+The bfloat16 runs with the real LM head take the path ``--device cuda`` takes."""
 
 from __future__ import annotations
 
@@ -12,38 +13,74 @@ import pytest
 from support import clean_env
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "step_host_overhead.py"
-PHASES = {
+LAYERS = 2  # the tiny preset's
+COMMON_PHASES = {
     "runner: step inputs",
     "runner: metadata build",
     "model entry",
-    "piece wrapper",
+    "graph wrapper",
     "graph replay",
+    "sampling",
+}
+PIECEWISE_PHASES = COMMON_PHASES | {
     "attention: op dispatch",
     "attention: op body",
     "attention: metadata",
     "attention: launch binding and checks",
     "attention: kv write",
     "attention: launch",
-    "sampling",
 }
+#: Attention runs inside the one graph; the runner copies the metadata the graph reads.
+FULL_PHASES = COMMON_PHASES | {"runner: metadata copy"}
 
 
-@pytest.mark.slow
-def test_the_benchmark_reports_every_phase_and_the_reference(tmp_path):
+def run_benchmark(tmp_path: Path, *args: str) -> dict:
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--preset", "tiny", "--rounds", "1", "--steps", "2",
-         "--out-dir", str(tmp_path), "--json"],
+         "--out-dir", str(tmp_path), "--json", *args],
         capture_output=True, text=True, timeout=300, env=clean_env(),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
-    assert set(report["phases_us_per_step"]) == PHASES
-    assert set(report["phases_us_per_layer"]) == {p for p in PHASES if p.startswith("attention")}
-    assert report["num_layers"] == 2 and report["batch"] == 1
-    # Two input copies, three replays, per layer a KV write and a launch, then sampling.
-    assert report["reference_calls_per_step"] == 2 + 3 + 2 * 2 + 1
+    return json.loads(result.stdout)
+
+
+def assert_ratio_of_medians(report: dict) -> None:
     assert report["step_us"]["median"] > 0 and report["reference_us"]["median"] > 0
     assert report["ratio"] == pytest.approx(
         report["step_us"]["median"] / report["reference_us"]["median"], rel=0.01
     )
-    assert (tmp_path / "step_host_overhead.md").read_text().startswith("Host time of a piecewise")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch, dtype, lm_head", [(1, "float32", "null"), (4, "bfloat16", "real")])
+def test_piecewise_steps_report_every_phase_and_the_reference(tmp_path, batch, dtype, lm_head):
+    report = run_benchmark(tmp_path, "--batch", str(batch), "--dtype", dtype, "--lm-head", lm_head)
+    assert report["graph_mode"] == "PIECEWISE" and not report["full_graph_step"]
+    assert (report["batch"], report["dtype"], report["lm_head"]) == (batch, dtype, lm_head)
+    assert report["num_layers"] == LAYERS
+    assert set(report["phases_us_per_step"]) == PIECEWISE_PHASES
+    assert set(report["phases_us_per_layer"]) == {
+        p for p in PIECEWISE_PHASES if p.startswith("attention")
+    }
+    # Two input copies, a replay per piece, per layer a KV write and a launch, then sampling.
+    assert report["reference_calls_per_step"] == 2 + (LAYERS + 1) + 2 * LAYERS + 1
+    assert report["target_ratio"] == 1.3
+    assert_ratio_of_medians(report)
+    md = (tmp_path / "step_host_overhead.md").read_text()
+    assert md.startswith("Host time of a decode step under PIECEWISE")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch, dtype, lm_head", [(8, "bfloat16", "real"), (3, "float32", "null")])
+def test_full_and_piecewise_decodes_replay_one_graph(tmp_path, batch, dtype, lm_head):
+    report = run_benchmark(
+        tmp_path, "--graph-mode", "FULL_AND_PIECEWISE", "--batch", str(batch),
+        "--dtype", dtype, "--lm-head", lm_head,
+    )  # fmt: skip
+    assert report["graph_mode"] == "FULL_AND_PIECEWISE" and report["full_graph_step"]
+    assert set(report["phases_us_per_step"]) == FULL_PHASES
+    assert report["phases_us_per_layer"] == {}
+    # Two input copies, two metadata copies (sequence lengths, slots), one replay, sampling.
+    assert report["reference_calls_per_step"] == 2 + 2 + 1 + 1
+    assert report["target_ratio"] == 1.1
+    assert_ratio_of_medians(report)

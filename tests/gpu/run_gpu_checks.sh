@@ -4,16 +4,19 @@
 # sees the packages of $PYTHON (default python3, itself possibly a venv), then runs
 #   1. the tests marked `cuda`                                   (cap $GPU_TESTS_TIMEOUT, 100 s)
 #   2. the GPU decode benchmark on `small`, batch 1 and 8        (cap $GPU_DECODE_TIMEOUT, 120 s)
-#   3. the step-host-overhead benchmark with CUDA graphs, Triton (cap $STEP_HOST_TIMEOUT, 35 s)
+#   3. the step-host-overhead benchmark with CUDA graphs, Triton, batch 1, PIECEWISE and
+#      FULL_AND_PIECEWISE                                        (cap $STEP_HOST_TIMEOUT, 30 s, each)
 #   4. the GPU decode benchmark on Llama-3.2-1B's shapes, batch 1 and 8, eager, piecewise,
 #      full graphs and reduce-overhead, level-3 pieces uncompiled (cap $GPU_1B_TIMEOUT, 130 s)
 # Each part is stopped (`timeout`) at its cap or at the end of the whole script's budget,
-# $GPU_CHECKS_BUDGET seconds from its start (default 400, set-up included), whichever
+# $GPU_CHECKS_BUDGET seconds from its start (default 415, set-up included), whichever
 # comes first, so the script ends within 7 minutes on one H100.  A part that fails or is
-# stopped makes the exit status non-zero (the step-host-overhead benchmark only prints
-# that it failed) and the next part still runs.  Results go to $OUT (or
-# benchmarks/results): gpu_tests.xml, gpu_decode.{json,md}, step_host_overhead.{json,md},
-# gpu_decode_1b.{json,md}.
+# stopped makes the exit status non-zero and prints "!! <part> failed", its exit status
+# (124: stopped at its limit) and its last lines, again in the summary at the end; the
+# next part still runs.  Results go to $OUT (or benchmarks/results): gpu_tests.xml,
+# gpu_decode.{json,md}, step_host_overhead.{json,md} (PIECEWISE),
+# step_host_overhead_full.{json,md} (FULL_AND_PIECEWISE), gpu_decode_1b.{json,md}, and
+# each part's whole output in logs/.
 #
 # Dry run without a GPU (simulated graphs, timings meaningless), as tests/gpu/test_gpu_scripts.py
 # runs it: SLOTWISE_PLATFORM=ascend_stub SLOTWISE_ASCEND_STUB_DEVICES=1 \
@@ -22,12 +25,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-benchmarks/results}"
-mkdir -p "$out"
+logs="$out/logs"
+mkdir -p "$out" "$logs"
 python="${PYTHON:-python3}"
-deadline=$((SECONDS + ${GPU_CHECKS_BUDGET:-400}))
+deadline=$((SECONDS + ${GPU_CHECKS_BUDGET:-415}))
 tests_timeout="${GPU_TESTS_TIMEOUT:-100}"
 decode_timeout="${GPU_DECODE_TIMEOUT:-120}"
-step_host_timeout="${STEP_HOST_TIMEOUT:-35}"
+step_host_timeout="${STEP_HOST_TIMEOUT:-30}"
 one_b_timeout="${GPU_1B_TIMEOUT:-130}"
 venv="$(mktemp -d)/venv"
 
@@ -47,27 +51,49 @@ EOF
 "$venv/bin/slotwise" env
 
 status=0
-part() {  # part NAME CAP: announce the part; its limit: CAP, or what is left of the budget
-    local left=$((deadline - SECONDS))
-    limit=$(($2 < left ? $2 : (left > 1 ? left : 1)))
-    echo "== $1 (at $SECONDS s, limit $limit s)"
+failures=()
+part() {  # part NAME CAP COMMAND...: run COMMAND for at most CAP seconds, or what is left of
+    # the budget; its output is shown as it comes and kept in $logs.  On failure: its exit
+    # status and last lines, now and in the summary, and a non-zero exit status at the end.
+    local name=$1 cap=$2 left=$((deadline - SECONDS)) limit log pid rc=0
+    shift 2
+    limit=$((cap < left ? cap : (left > 1 ? left : 1)))
+    log="$logs/$(tr -c 'A-Za-z0-9\n' '_' <<<"$name").log"
+    echo "== $name (at $SECONDS s, limit $limit s)"
+    # The log, not a pipe: a process the part leaves behind cannot keep the script waiting.
+    timeout "$limit" "$@" >"$log" 2>&1 &
+    pid=$!
+    tail -n +1 --pid="$pid" -f "$log"
+    wait "$pid" || rc=$?
+    if ((rc != 0)); then
+        local why="exit $rc"
+        ((rc == 124)) && why+=", stopped at its limit of $limit s"
+        failures+=("$name ($why)")
+        echo "!! $name failed ($why); its last lines (all of it in $log):"
+        tail -n 25 "$log" | sed 's/^/!!   /'
+        status=1
+    fi
 }
-part "tests marked cuda" "$tests_timeout"
-timeout "$limit" "$venv/bin/python" -m pytest -m cuda -q -p no:cacheprovider tests plugins/cuda/tests \
-    --junitxml="$out/gpu_tests.xml" || status=$?
-part "gpu_decode, small" "$decode_timeout"
 # shellcheck disable=SC2086  # the *_ARGS variables hold several arguments
-timeout "$limit" "$venv/bin/python" benchmarks/gpu_decode.py --out-dir "$out" \
-    --batch-sizes 1,8 ${GPU_DECODE_ARGS:-} || status=$?
-part "step_host_overhead, CUDA graphs" "$step_host_timeout"
+part "tests marked cuda" "$tests_timeout" "$venv/bin/python" -m pytest -m cuda -q \
+    -p no:cacheprovider tests plugins/cuda/tests --junitxml="$out/gpu_tests.xml"
 # shellcheck disable=SC2086
-timeout "$limit" "$venv/bin/python" benchmarks/step_host_overhead.py \
-    --device cuda --rounds 10 --steps 20 --out-dir "$out" ${STEP_HOST_OVERHEAD_ARGS:-} \
-    || echo "step_host_overhead failed (exit $?; limit $limit s)"
-part "gpu_decode, 1b" "$one_b_timeout"
+part "gpu_decode, small" "$decode_timeout" "$venv/bin/python" benchmarks/gpu_decode.py \
+    --out-dir "$out" --batch-sizes 1,8 ${GPU_DECODE_ARGS:-}
+for mode in PIECEWISE FULL_AND_PIECEWISE; do
+    name=step_host_overhead
+    [[ $mode == PIECEWISE ]] || name+=_full
+    # shellcheck disable=SC2086
+    part "step_host_overhead, CUDA graphs, $mode" "$step_host_timeout" "$venv/bin/python" \
+        benchmarks/step_host_overhead.py --device cuda --graph-mode "$mode" --rounds 10 \
+        --steps 20 --out-dir "$out" --name "$name" ${STEP_HOST_OVERHEAD_ARGS:-}
+done
 # shellcheck disable=SC2086
-timeout "$limit" "$venv/bin/python" benchmarks/gpu_decode.py --out-dir "$out" \
-    --name gpu_decode_1b --preset 1b --batch-sizes 1,8 --backend eager \
-    --iterations 30 --no-float32-reference ${GPU_1B_ARGS:-} || status=$?
+part "gpu_decode, 1b" "$one_b_timeout" "$venv/bin/python" benchmarks/gpu_decode.py \
+    --out-dir "$out" --name gpu_decode_1b --preset 1b --batch-sizes 1,8 --backend eager \
+    --iterations 30 --no-float32-reference ${GPU_1B_ARGS:-}
+for failure in ${failures[@]+"${failures[@]}"}; do
+    echo "!! failed: $failure"
+done
 echo "== done (at $SECONDS s, exit status $status)"
 exit "$status"
