@@ -84,7 +84,9 @@ def main() -> None:
     else:
         checkpoint, *flags = rest
         result = tensor_parallel(checkpoint, flags)
-    print(json.dumps(result))
+    # One write: both ranks share torchrun's stdout, and print() writes the newline apart
+    # (two writes, which interleave with the other rank's when stdout is unbuffered).
+    sys.stdout.write(json.dumps(result) + "\n")
 
 
 if __name__ == "__main__":
