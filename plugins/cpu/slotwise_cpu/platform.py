@@ -118,9 +118,11 @@ class CpuPlatform(Platform):
 
 
 @functools.cache
+@functools.cache
 def _cpu_description() -> dict[str, str]:
     """The CPU's model name, the architecture and a hash of the feature flags (hundreds of
-    them, one line per core in /proc/cpuinfo)."""
+    them, one line per core in /proc/cpuinfo), read once per process: every compile
+    cache a model opens asks for the device identity."""
     import platform  # not at module level: its regexes cost resolution 7 ms
 
     models: set[str] = set()

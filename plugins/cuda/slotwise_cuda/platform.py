@@ -82,6 +82,7 @@ class CudaPlatform(Platform):
 
 
 @functools.cache
+@functools.cache
 def _driver_version() -> str:
     """The NVIDIA driver's version, asked once per process."""
     from slotwise_cuda.probe import driver_version
