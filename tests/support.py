@@ -184,3 +184,19 @@ def pip_install_into(site: Path, folder: Path) -> None:
         check=True,
         capture_output=True,
     )  # fmt: skip
+
+
+#: Python source of a level-3 Inductor compile of the toy model, checked against eager:
+#: what the tests of Inductor's cache folder run in a process of their own.
+LEVEL3_INDUCTOR_AGAINST_EAGER = """
+from slotwise.compilation import CompilationConfig
+from slotwise.testing.toy_models import TOY_SPLITTING_OPS, SillyModel
+
+config = CompilationConfig(level=3, backend="inductor", splitting_ops=TOY_SPLITTING_OPS)
+torch.manual_seed(0)
+model = SillyModel(compilation_config=config)
+torch.manual_seed(0)
+reference = SillyModel(compilation_config=CompilationConfig(level=0))
+x = torch.randn(5, 8)
+torch.testing.assert_close(model(x), reference(x))
+"""

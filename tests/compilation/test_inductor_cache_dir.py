@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 import pytest
-from support import clean_env
+from support import LEVEL3_INDUCTOR_AGAINST_EAGER, clean_env
 
 from slotwise.compilation.cache import inductor_cache_dir
 from slotwise.compilation.cache.inductor_cache_dir import (
@@ -398,21 +398,14 @@ def test_after_running_out_of_space_inductor_moves_to_a_private_folder_once(
 
 
 #: A level-3 Inductor compile checked against eager; what it logs goes to stderr.
-COMPILE = """
+COMPILE = (
+    """
 import logging, sys
 import torch
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
-from slotwise.compilation import CompilationConfig
-from slotwise.testing.toy_models import TOY_SPLITTING_OPS, SillyModel
-
-config = CompilationConfig(level=3, backend="inductor", splitting_ops=TOY_SPLITTING_OPS)
-torch.manual_seed(0)
-model = SillyModel(compilation_config=config)
-torch.manual_seed(0)
-reference = SillyModel(compilation_config=CompilationConfig(level=0))
-x = torch.randn(5, 8)
-torch.testing.assert_close(model(x), reference(x))
 """
+    + LEVEL3_INDUCTOR_AGAINST_EAGER
+)
 #: Makes Inductor start in a folder whatever room its disk has, precompiled headers on.
 EVERY_DISK_WILL_DO = """
 from slotwise.compilation.cache import inductor_cache_dir

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import clean_env
+from support import LEVEL3_INDUCTOR_AGAINST_EAGER, clean_env
 
 pytestmark = [
     pytest.mark.slow,  # three processes compile with Inductor
@@ -27,24 +27,19 @@ pytestmark = [
 ]
 
 OTHER_UID = 1000
-COMPILE = """
+COMPILE = (
+    """
 import logging, sys
 import torch
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
-from slotwise.compilation import CompilationConfig
-from slotwise.testing.toy_models import TOY_SPLITTING_OPS, SillyModel
-
-config = CompilationConfig(level=3, backend="inductor", splitting_ops=TOY_SPLITTING_OPS)
-torch.manual_seed(0)
-model = SillyModel(compilation_config=config)
-torch.manual_seed(0)
-reference = SillyModel(compilation_config=CompilationConfig(level=0))
-x = torch.randn(5, 8)
-torch.testing.assert_close(model(x), reference(x))
+"""
+    + LEVEL3_INDUCTOR_AGAINST_EAGER
+    + """
 # Imported last: importing Inductor imports Dynamo, which fixes Inductor's folder.
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 print(default_cache_dir())
 """
+)
 
 
 def compile_in_a_process(root: Path, temporary: Path, **env: str) -> subprocess.CompletedProcess:

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from support import clean_env
+from support import LEVEL3_INDUCTOR_AGAINST_EAGER, clean_env
 
 pytestmark = [
     pytest.mark.slow,  # four processes compile with Inductor
@@ -36,12 +36,12 @@ OTHER_UID = 1000
 #: the link's owner (OTHER_UID) points ``link`` at ``yours`` whenever slotwise checks
 #: Inductor's folder as Inductor's compiler is set up, and at ``theirs`` as soon as the
 #: check is made: an attacker who wins every race.
-COMPILE = f"""
+COMPILE = (
+    f"""
 import logging, subprocess, sys
 import torch
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
-from slotwise.compilation import CompilationConfig, compilers
-from slotwise.testing.toy_models import TOY_SPLITTING_OPS, SillyModel
+from slotwise.compilation import compilers
 
 checked = compilers.place_inductor_cache
 
@@ -59,14 +59,9 @@ def check_then_repoint(cache_root):
     return folder
 
 compilers.place_inductor_cache = check_then_repoint
-config = CompilationConfig(level=3, backend="inductor", splitting_ops=TOY_SPLITTING_OPS)
-torch.manual_seed(0)
-model = SillyModel(compilation_config=config)
-torch.manual_seed(0)
-reference = SillyModel(compilation_config=CompilationConfig(level=0))
-x = torch.randn(5, 8)
-torch.testing.assert_close(model(x), reference(x))
 """
+    + LEVEL3_INDUCTOR_AGAINST_EAGER
+)
 
 
 def compile_in_a_process(*race: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -13,28 +13,19 @@ import logging
 
 import pytest
 import torch._dynamo.config
+from runner_cases import (  # noqa: F401 - the fixture is used by name
+    PROMPTS,
+    SIZES,
+    TINY_HEAD_32,
+    _lazy_captures_after_each_test,
+)
 
 from slotwise.compilation import CompilationConfig, ConfigError, GraphMode, counters
-from slotwise.compilation.static_graphs.contract import reset_capture_window
-from slotwise.models.llama import LlamaConfig, build_llama
+from slotwise.models.llama import build_llama
 from slotwise.runner.model_runner import ModelRunner
 from slotwise_ascend_stub.attention import AscendStubReferenceBackend
 from slotwise_cpu.attention import CpuSdpaBackend
 from slotwise_cuda.attention import TritonPagedBackend
-
-#: 7 prompt tokens: the prefill pads to capture size 8, the decodes of 3 to 4.
-PROMPTS = [[1, 5, 9], [7, 7], [42, 11]]
-SIZES = [1, 2, 4, 8]
-#: The tiny preset with head size 32, which the Triton kernels take.
-TINY_HEAD_32 = LlamaConfig(
-    vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1
-)
-
-
-@pytest.fixture(autouse=True)
-def _lazy_captures_after_each_test():
-    yield
-    reset_capture_window()
 
 
 def runner(preset, **fields) -> ModelRunner:

@@ -68,6 +68,17 @@ def row(info: dict[str, Any], plugin: str) -> dict[str, Any]:
     return found
 
 
+def failed_row(result: subprocess.CompletedProcess[str], name: str) -> dict:
+    """Plugin ``name``'s row in an env report that still answered, on the CPU platform,
+    with that plugin failed."""
+    assert result.returncode == 0, result.stderr
+    info = answer(result)
+    assert info["platform"] == "cpu"
+    failed = row(info, name)
+    assert failed["status"] == "failed"
+    return failed
+
+
 def warnings_about(stderr: str, distribution: str) -> list[str]:
     return [line for line in stderr.splitlines() if f"distribution {distribution}" in line]
 
@@ -75,11 +86,7 @@ def warnings_about(stderr: str, distribution: str) -> list[str]:
 def test_an_import_that_spins_forever_fails_its_plugin_at_the_time_limit(dists):
     dists.add("t-spin", plugin(at_import="while True: pass"))
     result = slotwise_env(dists, SLOTWISE_PLUGIN_TIMEOUT="0.5")
-    assert result.returncode == 0, result.stderr
-    info = answer(result)
-    assert info["platform"] == "cpu"
-    failed = row(info, "t_spin")
-    assert failed["status"] == "failed"
+    failed = failed_row(result, "t_spin")
     assert failed["reason"] == (
         "failed to load 't_spin': its import timed out after 0.5 s and was left running in "
         "the background; if it is only slow, raise SLOTWISE_PLUGIN_TIMEOUT (now 0.5 s)"
@@ -98,11 +105,7 @@ def test_an_import_that_spins_forever_fails_its_plugin_at_the_time_limit(dists):
 def test_a_hook_that_spins_forever_fails_its_plugin_at_the_time_limit(dists, hook, code):
     dists.add("t-spin", plugin(**code))
     result = slotwise_env(dists, SLOTWISE_PLUGIN_TIMEOUT="0.5")
-    assert result.returncode == 0, result.stderr
-    info = answer(result)
-    assert info["platform"] == "cpu"
-    failed = row(info, "t_spin")
-    assert failed["status"] == "failed"
+    failed = failed_row(result, "t_spin")
     assert failed["reason"].startswith(f"hook {hook} timed out after 0.5 s")
     assert "raise SLOTWISE_PLUGIN_TIMEOUT" in failed["reason"]
     (warning,) = warnings_about(result.stderr, "t-spin 1.0")
@@ -112,11 +115,7 @@ def test_a_hook_that_spins_forever_fails_its_plugin_at_the_time_limit(dists, hoo
 def test_sys_exit_at_import_fails_the_plugin_and_env_still_answers(dists):
     dists.add("t-exit", plugin(at_import="sys.exit(3)"))
     result = slotwise_env(dists)
-    assert result.returncode == 0, result.stderr
-    info = answer(result)
-    assert info["platform"] == "cpu"
-    failed = row(info, "t_exit")
-    assert failed["status"] == "failed"
+    failed = failed_row(result, "t_exit")
     assert failed["reason"] == (
         "failed to load 't_exit': its import called sys.exit(3), which would end the "
         "process; plugin code must raise an exception instead"
