@@ -13,8 +13,9 @@ Without it, importing those names says which distribution to install.
 from __future__ import annotations
 
 from pkgutil import extend_path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from slotwise.lazy_exports import lazy_exports
 from slotwise.missing_distribution import install_missing_engine_finder
 from slotwise.version import API_VERSION, __version__
 
@@ -28,16 +29,9 @@ if TYPE_CHECKING:
 
     current_platform: Platform
 
-
-def __getattr__(name: str) -> Any:
-    # Lazy attributes: resolving the platform or loading the compiler stack happens
-    # on first use, so `import slotwise` stays cheap.
-    if name == "current_platform":
-        from slotwise.platforms import current_platform
-
-        return current_platform
-    if name == "compile":
-        from slotwise.compilation.decorators import compile
-
-        return compile
-    raise AttributeError(f"module 'slotwise' has no attribute {name!r}")
+# Resolving the platform or loading the compiler stack happens on first use, so
+# `import slotwise` stays cheap.
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {"current_platform": "slotwise.platforms", "compile": "slotwise.compilation.decorators"},
+)

@@ -13,8 +13,7 @@ top without importing torch: resolving a platform stays cheap.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from slotwise.lazy_exports import lazy_exports
 
 #: Public name -> the module that defines it.
 _EXPORTS: dict[str, str] = {
@@ -75,16 +74,8 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(
-            f"slotwise.plugin_api has no {name!r}; the plugin API is: {', '.join(__all__)}"
-        )
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    _EXPORTS,
+    unknown=f"slotwise.plugin_api has no {{name}}; the plugin API is: {', '.join(__all__)}",
+)

@@ -29,7 +29,8 @@ PLUGINS = sorted((ROOT / "plugins").glob("*/slotwise_*"))
 LAYERS: list[tuple[str, ...]] = [
     ("slotwise.errors", "slotwise.envs", "slotwise.version", "slotwise.api_versioning",
      "slotwise.import_path", "slotwise.stats", "slotwise.cache_permissions",
-     "slotwise.missing_distribution", "slotwise.config_error", "slotwise.graph_mode"),
+     "slotwise.missing_distribution", "slotwise.config_error", "slotwise.graph_mode",
+     "slotwise.lazy_exports"),
     ("slotwise.plugins",),
     ("slotwise.platforms",),
     ("slotwise.forward_context",),

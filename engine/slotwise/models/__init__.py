@@ -7,8 +7,9 @@ use, so importing this package does not import torch or safetensors.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from slotwise.lazy_exports import lazy_exports
 from slotwise.models.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -17,14 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CheckpointError", "load_model", "supported_architectures"]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "load_model":
-        from slotwise.models.loader import load_model
-
-        return load_model
-    if name == "supported_architectures":
-        from slotwise.models.registry import supported_architectures
-
-        return supported_architectures
-    raise AttributeError(f"module 'slotwise.models' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {"load_model": "slotwise.models.loader", "supported_architectures": "slotwise.models.registry"},
+)
