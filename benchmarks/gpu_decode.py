@@ -12,20 +12,33 @@ most 1.25x full graphs on ``small`` and 1.10x on the 1B preset; full graphs at l
 reduce-overhead at every batch size.  It runs on any platform with static graphs, so
 the script can be tried on the CPU first with ``SLOTWISE_PLATFORM=ascend_stub``
 (simulated graphs; the timings mean nothing there).
+
+The rows above time the model's step alone (``ModelRunner.execute`` on inputs built
+before the timing, then the logits).  ``whole_steps`` times each variant's decode step
+as ``generate`` makes it, through ``ModelRunner.step``: the runner's inputs and
+attention metadata, the model, the logits and the greedy sampler, until the tokens are
+on the host.  Its difference to the model's step is the host work around the model.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from common import add_output_args, configure_logging, publish, verdict
 
 from slotwise.compilation.config import CompilationConfig
-from slotwise.decode_benchmark import run_benchmark
+from slotwise.decode_benchmark import VariantSetup, run_benchmark
 from slotwise.platforms import current_platform
+from slotwise.runner.model_runner import ModelRunner, Request
+from slotwise.runner.sampling import Sampler, SamplingParams
+from slotwise.stats import interleaved_timings, percentile
 
 LOG = logging.getLogger("slotwise.benchmarks")
 
@@ -39,6 +52,75 @@ PIECEWISE_VS_FULL_TARGETS = {"small": 1.25, "1b": 1.10}
 FULL_ROOFLINE_TARGETS = {"1b": 0.6}
 #: The most the default graph mode's step may exceed a full-graph step, at batch 1.
 DEFAULT_VS_FULL_TARGET = 0.05
+PROMPT_LEN = 32
+WARMUPS = 5
+
+
+@dataclass
+class WholeStep:
+    """One decode step as ``generate`` makes it: ``ModelRunner.step`` and the greedy
+    sampler, until the tokens are on the host.  Each call decodes the same position
+    again (the request takes its step back afterwards, outside the timing), so the
+    requests never outgrow the blocks the benchmark's runners hold."""
+
+    runner: ModelRunner
+    requests: list[Request]
+    sampler: Sampler
+
+    @classmethod
+    def prepare(cls, runner: ModelRunner, batch: int) -> WholeStep:
+        """``batch`` prompts prefilled, each with the token its decode step reads."""
+        generator = torch.Generator().manual_seed(batch)
+        prompts = torch.randint(0, runner.model.config.vocab_size, (batch, PROMPT_LEN))
+        requests = runner.add_requests(prompts.tolist(), max_new_tokens=1)
+        runner.step(requests)
+        for request in requests:
+            request.tokens.append(int(torch.randint(0, 100, (1,), generator=generator)))
+        return cls(runner, requests, Sampler([SamplingParams()] * batch, runner.device))
+
+    def timed(self) -> float:
+        start = time.perf_counter()
+        self.sampler(self.runner.step(self.requests)).tolist()
+        self.runner.platform.synchronize()
+        seconds = time.perf_counter() - start
+        for request in self.requests:
+            request.num_cached -= 1
+        return seconds
+
+
+def time_whole_steps(
+    setups: Sequence[VariantSetup], batch_sizes: Sequence[int], iterations: int
+) -> list[dict[str, Any]]:
+    """Each variant's whole decode step at each batch size, variants interleaved."""
+    rows = []
+    for batch in batch_sizes:
+        steps = {setup.name: WholeStep.prepare(setup.runner, batch) for setup in setups}
+        timers = {name: step.timed for name, step in steps.items()}
+        samples = interleaved_timings(timers, iterations, warmups=WARMUPS)
+        for name, step in steps.items():
+            step.runner.free(step.requests)
+            rows.append(
+                {
+                    "variant": name,
+                    "batch_size": batch,
+                    "p50_ms": statistics.median(samples[name]) * 1e3,
+                    "p90_ms": percentile(samples[name], 90) * 1e3,
+                }
+            )
+    return rows
+
+
+def with_model_steps(whole: list[dict[str, Any]], result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The whole steps beside the model's step alone (the run's rows) and the host
+    work between them."""
+    execute = {(m["variant"], m["batch_size"]): m["p50_ms"] for m in result["measurements"]}
+    rows = []
+    for row in whole:
+        model_ms = execute[(row["variant"], row["batch_size"])]
+        rows.append(
+            {**row, "execute_p50_ms": model_ms, "around_model_ms": row["p50_ms"] - model_ms}
+        )
+    return rows
 
 
 def target_notes(result: dict[str, Any], num_sizes: int) -> list[str]:
@@ -120,6 +202,20 @@ def markdown(result: dict[str, Any], notes: list[str]) -> str:
             f"| {m['roofline_ms']:.3f} | {m['roofline_fraction']:.2f} "
             f"| {m['capture_seconds']:.3f} |"
         )
+    lines += [
+        "",
+        "Whole decode steps through `ModelRunner.step` (inputs, metadata, model, logits, "
+        "greedy sampling) against the model's step alone (`execute`, above):",
+        "",
+        "| variant | batch | step p50 ms | step p90 ms | execute p50 ms | around the model ms |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in result["whole_steps"]:
+        lines.append(
+            f"| {row['variant']} | {row['batch_size']} | {row['p50_ms']:.3f} "
+            f"| {row['p90_ms']:.3f} | {row['execute_p50_ms']:.3f} "
+            f"| {row['around_model_ms']:+.3f} |"
+        )
     return "\n".join([*lines, "", *(f"- {note}" for note in notes)]) + "\n"
 
 
@@ -146,16 +242,23 @@ def main() -> int:
             f"gpu_decode needs a platform with static graphs (cuda), not {current_platform.name}"
         )
     batch_sizes = [int(size) for size in args.batch_sizes.split(",")]
+    setups: list[VariantSetup] = []
     result = run_benchmark(
         args.preset,
         batch_sizes,
         CompilationConfig(backend=args.backend, disable_cache=True),
         variants=args.variants.split(","),
+        prompt_len=PROMPT_LEN,
         iterations=args.iterations,
+        warmups=WARMUPS,
         dtype=torch.bfloat16,
         progress=False,
         float32_reference=args.float32_reference,
+        on_setup=setups.append,
     ).as_dict()
+    LOG.info("timing whole steps through ModelRunner.step")
+    whole = time_whole_steps(setups, batch_sizes, args.iterations)
+    result["whole_steps"] = with_model_steps(whole, result)
     notes = target_notes(result, len(batch_sizes))
     publish(args.name, {**result, "notes": notes}, markdown(result, notes), args)
     return 0

@@ -7,13 +7,13 @@ benchmark removes the device work and keeps the host work: the real decode path
 sampling) runs with piecewise graphs on a null ``GraphAPI`` (a capture runs the piece
 once, the replay right after it, which slotwise checks, runs it again; later replays
 launch nothing and leave the captured outputs) and with the ``TRITON_PAGED`` backend's
-kernel replaced by nothing (its Python, the KV write and the argument checks still
-run).  The LM head's product, a kernel outside the graphs, is replaced by a fixed
+kernel launches replaced by nothing (its Python, the KV write and the argument checks
+still run).  The LM head's product, a kernel outside the graphs, is replaced by a fixed
 logits buffer; the greedy argmax over it still runs.
 
 ``--graph-mode FULL_AND_PIECEWISE`` times uniform decode steps, which replay one graph
-of the whole model (attention inside it) after the runner copied the step's attention
-metadata into the static buffers the graph reads.
+of the whole model (attention inside it) after the runner wrote the step's attention
+metadata, padded, into the persistent buffers the graph reads.
 
 The reference, timed in the same run, step for step in turn with the slotwise step, is
 a hand-written loop that makes the same replay and launch calls and nothing else: the
@@ -25,17 +25,19 @@ changes in the static attention metadata (sequence lengths, slot mapping) and th
 replay; then the logits and the argmax.  ``--batch`` requests decode in each step.
 
 Phases (exclusive time, from a separate instrumented run; the instrumentation itself
-adds ``probe_us_per_step``): the runner's input preparation (batch order, token and
-position tensors, static buffers, forward context) and its metadata build, the model
+adds ``probe_us_per_step``): the runner's input preparation (batch order, dispatch,
+forward context), its writes into the persistent step inputs (token ids, positions,
+metadata arrays), their upload to the device and its metadata build (views of them;
+under FULL_AND_PIECEWISE the static layout's padding), the model
 entry (module call, Dynamo's guards, the split graph's forward), the graph wrappers
-(each piece's, or the whole model's), the graph replays, under FULL_AND_PIECEWISE the
-runner's copy of the metadata into the static buffers, the attention op (the
-dispatcher's call into it and its body, measured by calling the op alone), the backend's
+(each piece's, or the whole model's), the graph replays, the attention op (the split
+graph's direct call into it and its body, measured by calling it alone), the backend's
 metadata slices, its tensor checks, the KV write and the kernel launch, and sampling.
 
 ``--device cuda`` runs the same step and reference in bfloat16 (``--dtype``) with the
-platform's real CUDA graphs, Triton kernels and the real LM head (``--lm-head``; both
-can be chosen on the CPU too, which checks that path without a GPU): host time per step
+platform's real CUDA graphs, Triton kernels (launched bound, as the backend launches
+them) and the real LM head (``--lm-head``; both can be chosen on the CPU too, which
+checks that path without a GPU): host time per step
 until the step returns (the device is synchronised outside the timed call), device time
 per step from CUDA events, and kernel launches per step from torch.profiler.
 ``--profile`` adds a cProfile of the step. Results go to
@@ -87,6 +89,7 @@ from slotwise.models.llama import PRESETS, build_llama
 from slotwise.platforms import Platform, get_current_platform, use_platform
 from slotwise.runner.model_runner import ModelRunner, Request
 from slotwise.runner.sampling import Sampler, SamplingParams
+from slotwise.runner.step_inputs import StepBuffers, StepInputs
 
 GRAPH_MODES = ("PIECEWISE", "FULL_AND_PIECEWISE")
 #: The most a step may take, as a multiple of the reference, per graph mode.
@@ -159,19 +162,22 @@ class RecordingGraphAPI:
         return outputs if self.inner is None else self.inner.weak_ref(outputs)
 
 
-class RecordingKernel:
-    """Stands in for the attention's Triton kernel: launches ``inner`` (None: nothing)
-    and adds each launch to the API's trace while one is taken."""
+class RecordingLauncher:
+    """Stands in for the attention kernel's launcher: its plans launch through ``inner``'s
+    (None: nothing; on CUDA the bound compiled kernel) and add each launch to the API's
+    trace while one is taken."""
 
     def __init__(self, inner: Any | None, api: RecordingGraphAPI) -> None:
         self.inner = inner
         self.api = api
 
-    def __getitem__(self, grid: Any) -> Callable[..., Any]:
-        def launch(*args: Any, **kwargs: Any) -> Any:
+    def plan(self, *args: Any) -> Callable[..., None]:
+        run = (lambda *args: None) if self.inner is None else self.inner.plan(*args)
+
+        def launch(*args: Any) -> None:
             if self.api.trace is not None:
-                self.api.trace.append(("launch", lambda: self[grid](*args, **kwargs)))
-            return None if self.inner is None else self.inner[grid](*args, **kwargs)
+                self.api.trace.append(("launch", lambda: run(*args)))
+            run(*args)
 
         return launch
 
@@ -260,9 +266,9 @@ def build_setup(args: argparse.Namespace, stack: contextlib.ExitStack) -> Setup:
         api = RecordingGraphAPI(None)
         platform = NullDevicePlatform(api)
         stack.enter_context(use_platform(platform))
-    real_kernel = kernels._paged_attention_kernel
-    kernels._paged_attention_kernel = RecordingKernel(real_kernel if cuda else None, api)
-    stack.callback(setattr, kernels, "_paged_attention_kernel", real_kernel)
+    real_launcher = kernels._paged_attention_launcher
+    kernels._paged_attention_launcher = RecordingLauncher(real_launcher if cuda else None, api)
+    stack.callback(setattr, kernels, "_paged_attention_launcher", real_launcher)
     stack.callback(reset_capture_window)
 
     preset = PRESETS[args.preset]
@@ -325,12 +331,12 @@ def trace_reference(setup: Setup) -> list[Callable[[], Any]]:
     finally:
         setup.api.trace = None
     runner.free(requests)
-    assert runner.buffers is not None
-    buffers = runner.buffers.buffers
+    buffers = runner.step_inputs.graph
+    assert buffers is not None
     ids = torch.ones(setup.batch, dtype=torch.long, device=setup.device)
     calls: list[Callable[[], Any]] = [
-        lambda: buffers["input_ids"][: setup.batch].copy_(ids),
-        lambda: buffers["positions"][: setup.batch].copy_(ids),
+        lambda: buffers.input_ids[: setup.batch].copy_(ids),
+        lambda: buffers.positions[: setup.batch].copy_(ids),
     ]
     caches = [m.kv_cache for m in runner.model.modules() if hasattr(m, "attn_backend")]
     if setup.full_graph:
@@ -470,7 +476,9 @@ def phase_hooks(setup: Setup) -> list[tuple[str, Any, str]]:
     runner = setup.runner
     hooks = [
         ("runner: step inputs", ModelRunner, "step"),
-        ("runner: metadata build", runner.metadata_builder, "build"),
+        ("runner: input write", StepInputs, "write"),
+        ("runner: input upload", StepBuffers, "upload"),
+        ("runner: metadata build", runner.metadata_builder, "from_buffers"),
         ("model entry", CompiledForward, "__call__"),
         ("graph wrapper", StaticGraphPiecewiseBackend, "__call__"),
         ("graph wrapper", StaticGraphWrapper, "__call__"),
@@ -486,7 +494,7 @@ def phase_hooks(setup: Setup) -> list[tuple[str, Any, str]]:
         ),
     ]
     if setup.full_graph:
-        hooks.append(("runner: metadata copy", StaticAttentionMetadata, "uniform_decode"))
+        hooks.append(("runner: metadata build", StaticAttentionMetadata, "pad_uniform_decode"))
     else:
         hooks += [
             ("attention: metadata", layer.impl, "forward") for layer in attention_layers(runner)
@@ -535,9 +543,10 @@ def measure_phases(setup: Setup, rounds: int, steps: int) -> dict[str, float]:
 
 
 def time_attention_op(setup: Setup, calls: int) -> dict[str, float]:
-    """µs per call of the attention op's dispatch (the dispatcher's call into its Python
-    kernel) and of its body (what the kernel does before the backend), with the backend's
-    ``forward`` replaced by nothing: the op called through torch.ops, then its function."""
+    """µs per call of the attention op's dispatch (the split graph's direct call into the
+    layer's ``LayerAttention``, which takes the place of torch's dispatcher) and of its
+    body (what it does before the backend), with the backend's ``forward`` replaced by
+    nothing: the call as the split graph makes it, then its ``run``."""
     from slotwise.attention import ops
 
     runner = setup.runner
@@ -548,14 +557,12 @@ def time_attention_op(setup: Setup, calls: int) -> dict[str, float]:
     k = torch.zeros(batch, layer.num_kv_heads, layer.head_size, dtype=dtype, device=setup.device)
     out = torch.empty_like(q)
     metadata = runner.metadata_builder.build([1] * batch, [PROMPT_LEN] * batch, [[0]] * batch)
-    op = torch.ops.slotwise.unified_attention_with_output
+    call = ops.layer_attention(layer.layer_name)
     layer.impl.forward = lambda *args: None
     try:
         with torch.inference_mode(), set_forward_context(metadata):
-            through_op = _us_per_call(lambda: op(q, k, k, out, layer.layer_name), calls)
-            body = _us_per_call(
-                lambda: ops.unified_attention_with_output(q, k, k, out, layer.layer_name), calls
-            )
+            through_op = _us_per_call(lambda: call(q, k, k, out), calls)
+            body = _us_per_call(lambda: call.run(q, k, k, out), calls)
     finally:
         del layer.impl.forward
     return {"attention: op dispatch": through_op - body, "attention: op body": body}
@@ -607,6 +614,16 @@ def device_metrics(setup: Setup, steps: int) -> dict[str, float]:
             )
             results[f"{name}_launches_per_step"] = round(launches / PROFILER_STEPS, 1)
     return results
+
+
+def attention_launch() -> str:
+    """On CUDA: how the attention kernel was launched, bound or through Triton's JIT
+    (and why)."""
+    import slotwise_cuda.kernels.attention as kernels
+
+    launcher = kernels._paged_attention_launcher.inner  # the RecordingLauncher's
+    reason = launcher.fallback_reason
+    return "bound compiled kernel" if reason is None else f"Triton's JIT: {reason}"
 
 
 def profile_steps(setup: Setup, steps: int) -> tuple[str, list[dict[str, Any]]]:
@@ -696,6 +713,7 @@ def build_report(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
         }
         if args.device == "cuda":
             report["device_metrics"] = device_metrics(setup, args.steps)
+            report["attention_launch"] = attention_launch()
         profile_text = None
         if args.profile:
             LOG.info("profiling %d decode steps", PROFILE_STEPS)
@@ -748,6 +766,8 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"| {metrics['step_launches_per_step']:.1f} |",
             f"| reference | {metrics['reference_device_us']:.1f} "
             f"| {metrics['reference_launches_per_step']:.1f} |",
+            "",
+            f"attention kernel launched through: {report['attention_launch']}",
         ]
     return "\n".join(lines) + "\n"
 

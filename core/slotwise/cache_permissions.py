@@ -1,16 +1,9 @@
 """Whose cache is it: the checks that keep another local user's code out of slotwise's caches.
 
-A cache entry is code (a pickled compiled artifact, a generated module, a kernel library).
-Its checksum proves the file is whole, not who wrote it, so slotwise trusts a cache folder
-or entry only when the current user (or root) owns it and neither group nor others may
-write to it, as ssh and pip do; folders it creates itself are private (0700), and entries
-are written whole (``write_atomically``).
-
-A folder is only as safe as the path to it: whoever may rename or replace any folder or
-link on the way can swap the cache for their own after it was checked. So the path is
-checked from ``/`` down, as ssh's ``StrictModes`` does, without following a link that
-someone else owns, and what is handed on (to Inductor, Triton, a kernel loader) is the
-real path the check resolved, never a link that could be re-pointed later.
+A cache entry is code, and a checksum does not say who wrote it: a folder or entry is
+trusted only when you (or root) own it and nobody else may write it, checked from ``/``
+down as ssh's ``StrictModes`` does; what is handed on is the real path checked, never a
+link.  Folders made here are private (0700) and entries written whole.
 """
 
 from __future__ import annotations
@@ -40,24 +33,13 @@ def untrusted_reason(path: str, status: os.stat_result) -> str | None:
 
 def untrusted_directory(path: str, root: str) -> str | None:
     """Why ``path`` (a folder of the cache ``root``) or anything on the way to it is not
-    trusted, or None when it is.
-
-    Every folder and link from ``/`` down to ``path`` must be yours or root's, and every
-    folder must be closed to writes by group and others; above ``root`` a sticky folder
-    that others may write (like ``/tmp``) is allowed too, since only an entry's owner may
-    rename or delete it there. A link owned by someone else is refused, not followed.
-    Folders that do not exist yet are fine: slotwise creates them private.
-    """
+    trusted, or None when it is; above ``root`` a sticky folder such as ``/tmp`` passes."""
     return resolve_trusted_directory(path, root)[1]
 
 
 def resolve_trusted_directory(path: str, root: str) -> tuple[str, str | None]:
-    """``path`` with every link resolved, and why it is not trusted (None when it is).
-
-    The checks of :func:`untrusted_directory`, made while resolving, so the real path
-    returned is the one that was checked. Once trusted it cannot change under you: only
-    you or root may alter what it goes through.
-    """
+    """``path`` with every link resolved, and why it is not trusted (None when it is):
+    checked while resolving, so the real path returned is the one checked."""
     path, root = os.path.abspath(path), os.path.abspath(root)
     if not hasattr(os, "getuid"):
         return os.path.realpath(path), None  # no POSIX owners: nothing to walk
@@ -152,10 +134,8 @@ def make_private_directories(path: str) -> None:
 
 
 def read_trusted_file(path: str) -> bytes:
-    """The bytes of ``path``, refusing a link or an entry someone else could have written.
-
-    Checked on the open descriptor, so the file cannot be swapped between check and read.
-    """
+    """The bytes of ``path``, refusing a link or an entry someone else could have written
+    (checked on the open descriptor, so it cannot be swapped between check and read)."""
     descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     with os.fdopen(descriptor, "rb") as file:
         reason = untrusted_reason(path, os.fstat(file.fileno()))

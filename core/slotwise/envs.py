@@ -133,12 +133,8 @@ def name_list(name: str) -> list[str] | None:
 
 
 def validate_all() -> None:
-    """Check every variable whose value has a fixed form; raise on the first bad one.
-
-    The others are free-form or checked against what is installed where they are used:
-    SLOTWISE_PLATFORM and SLOTWISE_PLUGINS by plugin resolution, SLOTWISE_ATTENTION_BACKEND
-    by the attention selector, SLOTWISE_COMPILATION_CONFIG by the compilation config.
-    """
+    """Check every variable whose value has a fixed form; raise on the first bad one (the
+    others are checked against what is installed where they are used)."""
     flag("SLOTWISE_STRICT_PLUGINS")
     flag("SLOTWISE_DISABLE_COMPILE_CACHE")
     flag("SLOTWISE_DISABLE_WARM_START")

@@ -488,6 +488,7 @@ def run_benchmark(
     dtype: torch.dtype | Sequence[torch.dtype] = torch.float32,
     read_probe: ReadProbe | None = None,
     float32_reference: bool = True,
+    on_setup: Callable[[VariantSetup], object] | None = None,
 ) -> BenchmarkResult:
     """Measure every variant in every dtype of ``dtype`` (one, or several compared
     within the run) at each batch size; the steps of all of them are interleaved, each
@@ -497,7 +498,8 @@ def run_benchmark(
     the first timed step and after the last (default: ``measure_read_bandwidth`` on the
     platform's device).  Without ``float32_reference`` no float32 model is built when
     no dtype measured is float32 (a large model's costs memory and set-up time), and
-    ``max_abs_logit_diff_vs_float32`` stays None."""
+    ``max_abs_logit_diff_vs_float32`` stays None.  ``on_setup`` gets each measured
+    variant once it is set up (a caller that times more of it keeps it)."""
     dtypes = [dtype] if isinstance(dtype, torch.dtype) else list(dict.fromkeys(dtype))
     if any(name in GRAPH_VARIANTS or name == "level3" for name in variants or DEFAULT_VARIANTS):
         check_compiler(base)
@@ -543,6 +545,8 @@ def run_benchmark(
                     name, preset, base, batch_sizes, prompt_len, progress=progress, dtype=each
                 )
             )
+            if on_setup is not None:
+                on_setup(setups[-1])
     # The float32 reference of the logits; built only when no float32 variant runs.
     reference = None
     if torch.float32 not in dtypes and float32_reference:

@@ -44,13 +44,23 @@ def test_padded_sizes(runner):
     assert [runner.padded_size(n) for n in (1, 3, 5, 8, 9)] == [1, 4, 8, 8, 9]
 
 
-def test_inputs_at_any_address_are_copied_into_the_static_buffers(runner):
+def test_a_steps_tokens_are_written_into_the_graph_buffers(runner):
     runner.capture(progress=False)
-    ids = torch.tensor([3, 4, 5])
     sequences = runner.add_requests([[3, 4, 5]], 1)
     logits = runner.step(sequences)
     assert logits.shape == (1, PRESETS["tiny"].vocab_size)
-    assert runner.buffers.buffers["input_ids"][:3].tolist() == ids.tolist()
+    # Padded to 4: the padding row's token id is zeroed.
+    assert runner.step_inputs.graph.input_ids[:4].tolist() == [3, 4, 5, 0]
+    assert runner.step_inputs.graph.positions[:4].tolist() == [0, 1, 2, 0]
+
+
+def test_inputs_made_by_the_caller_are_copied_into_the_graph_buffers(runner):
+    runner.capture(progress=False)
+    sequences = runner.add_requests([[3, 4, 5]], 1)
+    metadata = runner.metadata_builder.build([3], [0], [sequences[0].block_ids])
+    hidden = runner.execute(torch.tensor([3, 4, 5]), torch.arange(3), metadata)
+    assert hidden.shape[0] == 3
+    assert runner.step_inputs.graph.input_ids[:4].tolist() == [3, 4, 5, 0]
 
 
 def test_a_model_compiled_with_slotwise_compile_runs_with_graphs(graph_api):

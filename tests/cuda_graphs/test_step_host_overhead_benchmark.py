@@ -10,12 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from support import clean_env
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "step_host_overhead.py"
 LAYERS = 2  # the tiny preset's
 COMMON_PHASES = {
     "runner: step inputs",
+    "runner: input write",
+    "runner: input upload",
     "runner: metadata build",
     "model entry",
     "graph wrapper",
@@ -30,8 +33,8 @@ PIECEWISE_PHASES = COMMON_PHASES | {
     "attention: kv write",
     "attention: launch",
 }
-#: Attention runs inside the one graph; the runner copies the metadata the graph reads.
-FULL_PHASES = COMMON_PHASES | {"runner: metadata copy"}
+#: Attention runs inside the one graph; the runner lays out the metadata it reads.
+FULL_PHASES = COMMON_PHASES
 
 
 def run_benchmark(tmp_path: Path, *args: str) -> dict:
@@ -42,6 +45,17 @@ def run_benchmark(tmp_path: Path, *args: str) -> dict:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_the_cuda_branch_names_the_platform_it_needs(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cuda", "--preset", "tiny",
+         "--out-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, env=clean_env(),
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "--device cuda needs the cuda platform with CUDA graphs, not cpu" in result.stderr
 
 
 def assert_ratio_of_medians(report: dict) -> None:

@@ -2,9 +2,11 @@
 # GPU checks, for a machine with an NVIDIA GPU and PyTorch + Triton already installed
 # (it needs no network): installs slotwise from this working tree into a fresh venv that
 # sees the packages of $PYTHON (default python3, itself possibly a venv), then runs
-#   1. the tests marked `cuda`                                   (cap $GPU_TESTS_TIMEOUT, 100 s)
+#   1. the tests marked `cuda`, among them TRITON_PAGED's bound launch against its JIT
+#      fallback                                                  (cap $GPU_TESTS_TIMEOUT, 100 s)
 #   2. the GPU decode benchmark on `small`, batch 1 and 8        (cap $GPU_DECODE_TIMEOUT, 120 s)
-#   3. the step-host-overhead benchmark with CUDA graphs, Triton, batch 1, PIECEWISE and
+#   3. the step-host-overhead benchmark with CUDA graphs, Triton (its JSON's
+#      attention_launch says whether the kernel launched bound), batch 1, PIECEWISE and
 #      FULL_AND_PIECEWISE                                        (cap $STEP_HOST_TIMEOUT, 30 s, each)
 #   4. the GPU decode benchmark on Llama-3.2-1B's shapes, batch 1 and 8, eager, piecewise,
 #      full graphs and reduce-overhead, level-3 pieces uncompiled (cap $GPU_1B_TIMEOUT, 130 s)

@@ -73,8 +73,16 @@ def test_gpu_check_script_runs_end_to_end_on_simulated_graphs(tmp_path):
             "full graphs at batch 1",
             "piecewise vs full graphs at batch 1",
         ]
+        # Whole steps through ModelRunner.step beside the model's step alone.
+        whole = {(row["variant"], row["batch_size"]): row for row in report["whole_steps"]}
+        assert set(whole) == measured
+        for m in report["measurements"]:
+            row = whole[(m["variant"], m["batch_size"])]
+            assert row["p50_ms"] > 0 and row["execute_p50_ms"] == m["p50_ms"]
+            assert row["around_model_ms"] == pytest.approx(row["p50_ms"] - m["p50_ms"])
         markdown = (tmp_path / f"{name}.md").read_text()
         assert markdown.startswith("GPU decode step, preset tiny")
+        assert "Whole decode steps through `ModelRunner.step`" in markdown
     for part in ("tests marked cuda", "gpu_decode, small", "step_host_overhead", "done"):
         assert f"== {part}" in result.stdout
 
@@ -96,12 +104,31 @@ def gpu_decode() -> Any:
         "gpu_decode", ROOT / "benchmarks" / "gpu_decode.py"
     )
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # where its dataclasses look their module up
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         spec.loader.exec_module(module)
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     return module
+
+
+def test_a_whole_step_decodes_the_same_position_again_and_again():
+    # The whole-step timing runs a step many times on runners that hold blocks for one
+    # decode step per request: each call takes its step back, so nothing grows.
+    from slotwise.compilation.config import CompilationConfig
+    from slotwise.models.llama import build_llama
+    from slotwise.runner.model_runner import ModelRunner
+
+    module = gpu_decode()
+    model = build_llama("tiny", seed=0, compilation_config=CompilationConfig(level=0))
+    block_size = model.config.block_size
+    runner = ModelRunner(model, num_blocks=2 * -(-(module.PROMPT_LEN + 1) // block_size) + 1)
+    step = module.WholeStep.prepare(runner, 2)
+    state = [(list(r.tokens), r.num_cached) for r in step.requests]
+    for _ in range(2 * block_size):  # more tokens than a request has blocks for
+        assert step.timed() > 0
+    assert [(list(r.tokens), r.num_cached) for r in step.requests] == state
 
 
 @pytest.mark.parametrize(

@@ -62,7 +62,7 @@ def test_a_failing_step_returns_its_blocks(eager_tokens, monkeypatch):
     def broken(*args: object, **kwargs: object) -> torch.Tensor:
         raise RuntimeError("device lost")
 
-    monkeypatch.setattr(r, "execute", broken)
+    monkeypatch.setattr(r, "_run", broken)
     with pytest.raises(RuntimeError, match="device lost"):
         r.generate(PROMPTS, 4)
     assert r.allocator.num_free_blocks == free

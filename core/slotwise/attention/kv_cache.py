@@ -9,6 +9,8 @@ slots.  Blocks need not be contiguous, so requests grow without copying.
 from __future__ import annotations
 
 import collections
+import functools
+import weakref
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -87,12 +89,63 @@ def write_to_kv_cache(
     """Store ``key``/``value`` [num_tokens, num_kv_heads, head_size] at ``slot_mapping``.
 
     Rows past ``len(slot_mapping)`` (padding to a static-graph size) are not stored, so
-    callers need not slice them off first.
+    callers need not slice them off first.  ``kv_cache`` is [2, num_blocks, block_size,
+    num_kv_heads, head_size]; its layout is checked and its two halves are flattened
+    into rows of slots once per cache (see ``_TokenSlots``), so a call is the two copies.
     """
-    two, num_blocks, block_size, num_kv_heads, head_size = kv_cache.shape
-    slots = kv_cache.view(two, num_blocks * block_size, num_kv_heads, head_size)
+    slots = _token_slots.get(id(kv_cache))
+    if slots is None or slots.cache() is not kv_cache or slots.address != kv_cache.data_ptr():
+        slots = _TokenSlots.bind(kv_cache)
     count = slot_mapping.shape[0]
     if key.shape[0] != count:
         key, value = key[:count], value[:count]
-    slots[0].index_copy_(0, slot_mapping, key)
-    slots[1].index_copy_(0, slot_mapping, value)
+    if (key.requires_grad or value.requires_grad) and torch.is_grad_enabled():
+        # Autograd records the write: a view written in place once may not be again.
+        halves = kv_cache.view(2, *slots.keys.shape)
+        halves[0].index_copy_(0, slot_mapping, key)
+        halves[1].index_copy_(0, slot_mapping, value)
+        return
+    slots.keys.index_copy_(0, slot_mapping, key)
+    slots.values.index_copy_(0, slot_mapping, value)
+
+
+class _TokenSlots:
+    """A cache's key and value halves as rows of slots, ``[num_blocks * block_size,
+    num_kv_heads, head_size]``, kept from one write to the next.
+
+    Why kept: taking the halves costs three view ops, more than a copy of one token.
+    They are made from ``kv_cache.detach()``, not from the cache itself, so they do not
+    keep the cache's Python object alive: when it is freed, a weak reference's callback
+    drops them and the memory goes with the cache.  ``address`` notices a cache whose
+    memory was swapped in place (``set_``).
+    """
+
+    def __init__(self, kv_cache: torch.Tensor) -> None:
+        if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
+            raise ValueError(
+                f"write_to_kv_cache: kv_cache has shape {tuple(kv_cache.shape)}, not [2, "
+                "num_blocks, block_size, num_kv_heads, head_size] (keys, then values); a "
+                "backend with another layout writes its cache itself"
+            )
+        self.cache = weakref.ref(kv_cache, functools.partial(_forget, id(kv_cache)))
+        self.address = kv_cache.data_ptr()
+        _, num_blocks, block_size, num_kv_heads, head_size = kv_cache.shape
+        halves = kv_cache.detach().view(2, num_blocks * block_size, num_kv_heads, head_size)
+        self.keys, self.values = halves[0], halves[1]
+
+    @classmethod
+    def bind(cls, kv_cache: torch.Tensor) -> _TokenSlots:
+        slots = _token_slots[id(kv_cache)] = cls(kv_cache)
+        return slots
+
+
+#: id(kv_cache) -> its slots, while the cache lives.
+_token_slots: dict[int, _TokenSlots] = {}
+
+
+def _forget(key: int, cache: weakref.ref[torch.Tensor]) -> None:
+    """Drop the slots of the cache ``cache`` referred to, now freed (not of a newer one
+    that took its id)."""
+    slots = _token_slots.get(key)
+    if slots is not None and slots.cache is cache:
+        del _token_slots[key]

@@ -3,7 +3,9 @@
 The batch is laid out as ``[decodes..., prefills...]``: requests with one query token
 come first, so a backend can run a decode kernel on the head of the batch and a
 prefill kernel on the tail without gathering.  The builder turns the scheduler's
-per-request view (query length, tokens already cached, block ids) into tensors.
+per-request view (query length, tokens already cached, block ids) into tensors
+(``build``), or describes a step a runner wrote into buffers it keeps across steps
+(``from_buffers``: views of them, nothing copied).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -70,6 +72,25 @@ class AttentionMetadata:
                 prefill_starts - decodes if decodes and self.num_prefills else prefill_starts
             ),
         )
+
+
+Array = TypeVar("Array")
+
+
+@dataclass(frozen=True)
+class MetadataBuffers(Generic[Array]):
+    """The per-step arrays of ``AttentionMetadata`` at their largest, allocated once and
+    rewritten in place (device tensors, or the host arrays they are copied from): a step
+    uses the first rows of each."""
+
+    #: int32 [max_reqs + 1]
+    query_start_loc: Array
+    #: int32 [max_reqs]
+    seq_lens: Array
+    #: int64 [max_tokens]
+    slot_mapping: Array
+    #: int32 [max_reqs, max_blocks_per_request]: the width never changes.
+    block_table: Array
 
 
 @dataclass(frozen=True)
@@ -136,6 +157,34 @@ class AttentionMetadataBuilder:
             max_query_len=max(queries, default=0),
             max_seq_len=max(seq_lens, default=0),
             num_prefills=len(queries) - num_decodes,
+            num_prefill_tokens=num_tokens - num_decodes,
+            num_decodes=num_decodes,
+            num_decode_tokens=num_decodes,
+        )
+
+    def from_buffers(
+        self,
+        step: MetadataBuffers[torch.Tensor],
+        *,
+        num_reqs: int,
+        num_tokens: int,
+        num_decodes: int,
+        max_query_len: int,
+        max_seq_len: int,
+    ) -> AttentionMetadata:
+        """Metadata of a step whose ``num_reqs`` requests (decodes first) and
+        ``num_tokens`` tokens the caller wrote into ``step``: views of its buffers, as
+        long as the step (``query_start_loc`` ``num_reqs + 1``, ``slot_mapping``
+        ``num_tokens``, the others ``num_reqs``), the block table at its fixed width."""
+        return AttentionMetadata(
+            num_actual_tokens=num_tokens,
+            query_start_loc=step.query_start_loc,
+            seq_lens=step.seq_lens,
+            slot_mapping=step.slot_mapping,
+            block_table=step.block_table,
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
+            num_prefills=num_reqs - num_decodes,
             num_prefill_tokens=num_tokens - num_decodes,
             num_decodes=num_decodes,
             num_decode_tokens=num_decodes,

@@ -1,16 +1,10 @@
 """The ``slotwise`` commands: slotwise's own and those other distributions add through
 entry points, known from metadata alone.
 
-A distribution declares a command in the ``slotwise.cli_commands`` entry-point group:
-the entry point's name is the command, its value a module with
-``add_parser(commands, name)`` and ``run(args) -> int``, the protocol of the built-in
-commands.  Only the module of the command asked for is imported, so a broken command
-breaks itself alone; its import and its ``add_parser`` run with stdout on stderr (the
-answer of ``slotwise env --json`` stays JSON), and whatever they raise, ``sys.exit()``
-included, is one error naming the command's distribution and the fix.
-
-One name declared twice is warned about, naming both distributions; the engine's own
-``generate`` and ``bench`` win over look-alikes from other distributions.
+An entry point in ``slotwise.cli_commands`` names the command and a module with
+``add_parser(commands, name)`` and ``run(args) -> int``.  Only the module asked for is
+imported, with stdout on stderr, and whatever it raises is one error naming its
+distribution; a name declared twice is warned about.
 """
 
 from __future__ import annotations

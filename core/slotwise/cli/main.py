@@ -1,14 +1,9 @@
 """Argument parsing and dispatch for the ``slotwise`` command.
 
-How every command ends is decided here, once: a slotwise error is one line and exit
-status 2; Ctrl-C, at any point of any command, is one line and exit status 130 (the
-shell's 128 + SIGINT); a reader that stops early (``slotwise generate ... | head``)
-ends the command quietly with exit status 141 (128 + SIGPIPE, what the shell reports
-for any program a closed pipe stops).  No traceback for any of them.  A thread a plugin
-started without ``daemon=True`` does not keep the command from ending.
-
-Only the module of the command asked for is imported (command_entry_points); the others
-are listed by name and help.
+How every command ends is decided here, once, without a traceback: a slotwise error
+exits 2, Ctrl-C 130 (128 + SIGINT), a closed stdout quietly 141 (128 + SIGPIPE); a
+plugin's non-daemon thread does not keep the command from ending.  Only the module of
+the command asked for is imported.
 """
 
 from __future__ import annotations
@@ -82,12 +77,8 @@ def configure_logging() -> None:
 def build_parser(
     commands: dict[str, Command] | None = None, loaded: dict[str, ModuleType] | None = None
 ) -> argparse.ArgumentParser:
-    """The ``slotwise`` parser, listing every command of ``commands`` (default: all).
-
-    The commands in ``loaded`` (name -> module; default: every command, each module
-    imported) get their own options; the others only their name and help, so that their
-    modules stay unimported.  A command module that fails raises ``CommandError``.
-    """
+    """The ``slotwise`` parser, listing every command of ``commands`` (default: all); only
+    those in ``loaded`` (name -> module; default: all imported) get their options."""
     if commands is None:
         commands = find_commands(BUILT_IN_COMMANDS)[0]
     if loaded is None:
@@ -121,12 +112,8 @@ def _unavailable(requested: str | None, commands: dict[str, Command]) -> str | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command ``argv`` asks for (default: this process's command line) and return
-    its exit status.
-
-    Called for the process's own command line (no ``argv``), it ends the process itself
-    when a plugin's non-daemon thread would keep it from exiting.
-    """
+    """Run the command ``argv`` asks for (default: this process's command line, ending the
+    process itself if a plugin's thread would keep it alive) and return its exit status."""
     if argv is not None:
         return _main(argv)
     try:
@@ -217,12 +204,8 @@ def _stdout_closed() -> int:
 
 def _exit_despite_plugin_threads(code: int, traceback_text: str = "") -> None:
     """End the process with ``code`` now if a non-daemon thread started by plugin code is
-    still running: the interpreter would wait for it at exit, forever for one that loops.
-
-    What exit does first is done here too: the traceback of an uncaught error is printed,
-    atexit handlers run, stdout and stderr are flushed.  Threads the command itself
-    started are left to the interpreter.
-    """
+    still running (the interpreter would wait for it forever), doing what exit does first:
+    the uncaught error's traceback, atexit handlers, flushed streams."""
     lingering = lingering_plugin_threads(PLUGIN_THREAD_GRACE_S)
     if not lingering:
         return

@@ -1,12 +1,8 @@
 """``slotwise matrix``: what every installed platform supports, side by side.
 
-``slotwise env`` says which platform this machine runs; the matrix answers "what
-would I get on the other ones" (graph modes and the default one with its reason,
-attention backends, dtypes, the communicator, custom-op replacements, the API range),
-so it looks at every installed
-platform, available here or not.  Platform classes are instantiated without probing
-any hardware (a ``Platform.__init__`` must not touch devices), and each question is
-asked separately: a plugin that breaks one cell shows an error there, never a crash.
+Every installed platform, available here or not, instantiated without probing any
+hardware; each question is asked separately, so a plugin that breaks one cell shows an
+error there, never a crash.
 """
 
 from __future__ import annotations
@@ -51,12 +47,8 @@ def collect() -> dict[str, Any]:
 
 
 def _describe(entry: PlatformEntry, status: str, reason: str) -> dict[str, Any]:
-    """Everything the matrix shows about one platform.
-
-    A question that fails leaves None as its answer and its error under ``errors``;
-    when the class cannot be instantiated, ``errors["platform"]`` explains every
-    answer that needs an instance.
-    """
+    """Everything the matrix shows about one platform; a question that fails leaves None
+    as its answer and its error under ``errors``."""
     from slotwise.platforms.resolution import instantiate
 
     errors: dict[str, str] = {}

@@ -1,12 +1,8 @@
 """``slotwise new-plugin NAME``: write a complete, pip-installable plugin for a new platform.
 
-Vendors used to start from a copy of another plugin, renaming it in a dozen places.
-The generated package names its platform once, passes ``slotwise conformance NAME``
-as written (the host CPU stands in for the device) and marks each place where the
-real device goes with ``TODO(vendor)``.  The templates are the files of
-``plugin_template/`` next to this module, shipped as package data so an installed
-slotwise has them; ``string.Template`` renders them, strictly: a placeholder without
-a value is an error, never an empty string in the vendor's code.
+The package passes ``slotwise conformance NAME`` as written (the host CPU stands in for
+the device) and marks each place where the device goes with ``TODO(vendor)``.  The
+templates in ``plugin_template/`` are rendered strictly: a missing value is an error.
 """
 
 from __future__ import annotations
@@ -182,12 +178,8 @@ def render(name: str, graphs: bool) -> dict[str, str]:
 
 
 def write(path: Path, files: dict[str, str]) -> None:
-    """Write ``files`` under ``path``, all or nothing; ``path`` must be new or empty.
-
-    The files go to a temporary folder beside ``path``, renamed into place once all
-    are written, so a failure half-way leaves no half-written plugin behind.  A folder
-    that cannot be made or written is one NewPluginError naming it.
-    """
+    """Write ``files`` under ``path`` (new or empty), all or nothing: into a temporary
+    folder beside it, renamed into place once all are written."""
     try:
         _write(path, files)
     except OSError as exc:

@@ -266,10 +266,44 @@ class CompiledForward:
             if isinstance(err.inner_exception, SlotwiseError):
                 raise err.inner_exception from None
             raise
-        if backend is not None and backend.warm_start is not None:
-            backend.warm_start.save(result)
-        self.compiled = compiled
+        self.compiled = compiled if backend is None else self._entry(backend, compiled, result)
         return result
+
+    def _entry(
+        self, backend: TraceOnceBackend, compiled: Callable[..., Any], result: Any
+    ) -> Callable[..., Any]:
+        """What later calls run, after the first call traced through ``compiled``
+        (torch.compile's function) and returned ``result``: the direct entry, or
+        ``compiled`` itself when the trace's inputs or output need Dynamo's bytecode."""
+        from slotwise.compilation.direct_entry import DirectEntry, output_kind
+        from slotwise.compilation.warm_start.paths import Unpersistable
+
+        graph_outputs = backend.take_first_outputs()
+        if backend.warm_start is not None:
+            backend.warm_start.save(result, graph_outputs)
+        try:
+            if backend.graph_inputs is None or backend.compiled is None:
+                raise Unpersistable(backend.no_direct_entry or "Dynamo compiled no graph")
+            if backend.graphs_compiled != 1 or graph_outputs is None:
+                raise Unpersistable(f"Dynamo made {backend.graphs_compiled} graphs")
+            paths, traced = backend.graph_inputs
+            return DirectEntry(
+                self.module,
+                self.signature,
+                backend.compiled,
+                paths,
+                traced,
+                output_kind(result, graph_outputs),
+                self.forward.__globals__,
+            )
+        except Unpersistable as err:
+            logger.warning(
+                "%s is called through torch.compile's entry (Dynamo's frame evaluation on "
+                "every call), not slotwise's direct entry: %s",
+                type(self.module).__qualname__,
+                err,
+            )
+            return compiled
 
 
 class SizeSpecializationError(SlotwiseError, RuntimeError):

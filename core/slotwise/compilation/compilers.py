@@ -77,11 +77,7 @@ class Compiler(abc.ABC):
         self.config = config
 
     def compute_hash(self) -> str:
-        """Hash of this compiler's settings that change its output, for cache keys.
-
-        The cache already keys on the compiler's class, the torch version and the config
-        hash; override this when the compiler has settings of its own.
-        """
+        """Hash of this compiler's own settings that change its output, for cache keys."""
         return ""
 
     @abc.abstractmethod
@@ -98,10 +94,7 @@ class Compiler(abc.ABC):
         *,
         runtime_shape: int | None,
     ) -> Callable[..., Any]:
-        """Rebuild what ``CompiledPiece.save(path)`` wrote for this graph; raise on any problem.
-
-        ``path`` may be deleted as soon as this returns.
-        """
+        """Rebuild what ``CompiledPiece.save(path)`` wrote; ``path`` may go once this returns."""
         raise NotImplementedError(f"compiler {self.name!r} cannot load saved pieces")
 
 
@@ -118,11 +111,7 @@ class EagerCompiler(Compiler):
 
 
 class InductorCompiler(Compiler):
-    """Inductor through ``torch._inductor.standalone_compile``, whose artifacts can be saved.
-
-    Plain ``torch.compile``-style Inductor calls cannot be saved per piece; the standalone
-    API returns a ``CompiledArtifact`` with ``save``/``load`` in a binary format.
-    """
+    """Inductor through ``torch._inductor.standalone_compile``, whose artifacts can be saved."""
 
     name = "inductor"
     supports_persistence = True
@@ -162,10 +151,7 @@ class InductorCompiler(Compiler):
             "python": list(sys.version_info[:2]),
             "machine": platform.machine(),
             "options": self.options,
-            # Inductor specialises its code to the hardware it compiles on, and a cache
-            # may be shared (a home folder on NFS) or copied: a piece written for AVX-512
-            # and loaded where AVX2 is picked computes wrong numbers, silently. (The
-            # compile cache keys every compiler on the platform's device identity.)
+            # A shared cache must not hand AVX-512 code to a CPU that picks AVX2.
             "cpu_vector_isa": self._cpu_vector_isa(),
         }
         canonical = json.dumps(factors, sort_keys=True, separators=(",", ":"), default=str)
@@ -223,11 +209,8 @@ class InductorCompiler(Compiler):
 def _check_compiler_imports_whole() -> None:
     """Refuse to compile after the first import of torch's compiler stopped half-way.
 
-    An interrupted import leaves the submodules it finished in ``sys.modules`` without
-    the packages they belong to (``torch._dynamo.config`` without ``torch._dynamo``).
-    Importing again then mixes those with fresh copies and fails further on, with
-    errors that blame whatever they touch first (the config's ``inductor_config``).
-    A whole import never leaves such orphans, so they mark the broken process.
+    Such an import leaves submodules without their packages in ``sys.modules``, and
+    importing again fails later with errors that blame something else.
     """
     loaded = set(sys.modules)
     orphans = sorted(
@@ -246,15 +229,8 @@ def _check_compiler_imports_whole() -> None:
 
 
 def check_inductor_targets(platform: Platform) -> None:
-    """Refuse Inductor, with one ConfigError naming the backend to use, where it has no
-    code generator for ``platform``'s device type: its first compile would fail deep
-    inside Inductor with a bare ``KeyError`` naming the device.
-
-    Inductor's registry (``torch._inductor.codegen.common``) holds the device types it
-    supports itself and those a vendor registers (``register_backend_for_device``, or the
-    ``Scheduling`` of a PrivateUse1 device's torch module). Imports Inductor: where
-    slotwise places Inductor's cache folder, it does so before calling this.
-    """
+    """Refuse Inductor where it has no code generator for ``platform``'s device type,
+    whose first compile would otherwise fail with a bare ``KeyError``; imports Inductor."""
     from torch._inductor.codegen.common import (
         get_scheduling_for_device,
         init_backend_registration,
@@ -284,9 +260,7 @@ def check_inductor_targets(platform: Platform) -> None:
 
 
 def _check_cpp_compiler(config: CompilationConfig, options: dict[str, Any]) -> None:
-    """Stop before the first compile when no C++ compiler Inductor would use is on the
-    PATH: Inductor's CPU code is C++, and it would fail deep inside the first compile
-    with an InvalidCxxCompiler traceback."""
+    """Stop before the first compile when no C++ compiler Inductor would use is on the PATH."""
     from torch._inductor import config as inductor_config
 
     with inductor_config.patch(options):
@@ -308,20 +282,15 @@ def _check_cpp_compiler(config: CompilationConfig, options: dict[str, Any]) -> N
 
 def _donation(standalone_compile: Callable[..., Any], *, donate: bool) -> dict[str, bool]:
     """``donate_graph_module`` where this torch's standalone_compile takes it (2.13 does,
-    2.11 does not): a graph made here for the compile is handed over, not deep-copied
-    again. Where it is missing every graph is copied, which costs time, not correctness."""
+    2.11 does not), so a graph made for the compile is not deep-copied again."""
     if "donate_graph_module" in inspect.signature(standalone_compile).parameters:
         return {"donate_graph_module": donate}
     return {}
 
 
 def _dynamic_shapes_source(runtime_shape: int | None) -> str:
-    """Where standalone_compile takes its shape information from.
-
-    A specialised size compiles for exactly the example inputs. The general shape inside a
-    Dynamo backend call uses the ambient tracing context, whose fake mode owns the symbols of
-    the example inputs; elsewhere the graph's own metadata, or dynamic sizes for real inputs.
-    """
+    """Where standalone_compile takes its shape information from: inside a Dynamo backend
+    call, the tracing context whose fake mode owns the example inputs' symbols."""
     if runtime_shape is not None:
         return "from_example_inputs"
     if TracingContext.try_get() is not None:
@@ -335,11 +304,8 @@ def _output_spec(graph: fx.GraphModule) -> pytree.TreeSpec:
 
 
 def _flat_output_graph(graph: fx.GraphModule) -> tuple[fx.GraphModule, pytree.TreeSpec]:
-    """``graph``, or a copy returning a flat tuple, and the structure of its real output.
-
-    A fresh Inductor compile restores non-tuple outputs itself but a loaded artifact returns
-    the flat list, so the output structure is restored here, the same way for both.
-    """
+    """``graph``, or a copy returning a flat tuple, and the structure of its real output
+    (a loaded artifact returns the flat list, so the structure is restored here)."""
     spec = _output_spec(graph)
     (result,) = graph.graph.output_node().args
     if isinstance(result, (tuple, list)) and all(isinstance(item, fx.Node) for item in result):

@@ -1,9 +1,7 @@
 """Compilation settings: one validated object, however the user spells it.
 
-A config can come from keyword arguments, a dict, a JSON string or file, the
-``SLOTWISE_COMPILATION_CONFIG`` variable or ``-O`` flags; every route ends in the same
-``__post_init__`` so a mistake is reported the same way, early, naming the key and what
-is accepted. This module never imports torch: configs are parsed before torch loads.
+Every route (keywords, dict, JSON, file, ``SLOTWISE_COMPILATION_CONFIG``, ``-O`` flags)
+ends in ``__post_init__``, so a mistake is reported the same way. Never imports torch.
 """
 
 from __future__ import annotations
@@ -37,17 +35,14 @@ DEFAULT_SPLITTING_OPS: list[str] = ["slotwise::unified_attention_with_output"]
 #: Largest default capture size when neither ``capture_sizes`` nor a maximum is given.
 DEFAULT_MAX_CAPTURE_SIZE = 512
 DEFAULT_CACHE_DIR = "~/.cache/slotwise/compile"
-#: Largest capture, compile or maximum capture size (tokens in a batch). Graphs beyond it
-#: would not fit in any device's memory, and a typo such as 2000000000 fails at once
-#: instead of deriving a list of a hundred million capture sizes.
+#: Largest capture, compile or maximum capture size (tokens in a batch): a typo such as
+#: 2000000000 fails at once instead of deriving a hundred million capture sizes.
 MAX_SIZE = 65536
 #: Most eager warm-up runs before a capture; lazy initialisation needs one or two.
 MAX_GRAPH_WARMUPS = 100
-#: Deepest nesting of lists and objects in an ``inductor_config`` value; Inductor's own
-#: options nest two levels at most, and a list that contains itself would never end.
+#: Deepest nesting in an ``inductor_config`` value (a list that contains itself never ends).
 MAX_JSON_DEPTH = 16
-#: Largest compilation config file read: a real one is a few hundred bytes, and a path
-#: such as /dev/zero must not be read until memory runs out.
+#: Largest compilation config file read, so a path such as /dev/zero is refused.
 MAX_CONFIG_FILE_BYTES = 1024 * 1024
 
 _OP_NAME = re.compile(r"[A-Za-z_]\w*::[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?")
@@ -161,11 +156,8 @@ def _custom_ops(value: object) -> list[str]:
 
 
 def _json_data(key: str, value: object, depth: int = 0) -> Any:
-    """Copy ``value``, insisting on JSON types so to_dict() and compute_hash() are exact.
-
-    NaN is unequal to itself, and json.dumps cannot write inf as JSON nor an int of
-    thousands of digits at all, so numbers must be finite and fit in 64 bits.
-    """
+    """Copy ``value``, insisting on JSON types (finite numbers, 64-bit ints) so to_dict()
+    and compute_hash() are exact."""
     if value is None or isinstance(value, bool) or _is_clean_text(value):
         return value
     if _is_int_in(value, -(2**63), 2**63 - 1) or (
@@ -226,11 +218,8 @@ def _strict_keywords(cls: _Class) -> _Class:
 @_strict_keywords
 @dataclass(kw_only=True)
 class CompilationConfig:
-    """Everything that decides how a model is compiled and which static graphs it captures.
-
-    Construct it with keyword arguments or one of the ``from_*`` builders; the values are
-    checked and normalised on construction. Use :meth:`replace` for a changed copy.
-    """
+    """Everything that decides how a model is compiled and which static graphs it captures;
+    checked and normalised on construction, :meth:`replace` gives a changed copy."""
 
     level: CompilationLevel = CompilationLevel.PIECEWISE
     #: "" lets the platform choose; "eager", "inductor" or "module:Class" of a compiler.
@@ -254,8 +243,7 @@ class CompilationConfig:
     inductor_config: dict[str, Any] = field(default_factory=dict)
     #: Check input addresses on every replay, not only the first of each size.
     debug_checks: bool = False
-    #: Graph wrappers copy each batch-sized tensor input into a buffer of their own
-    #: before a replay, so callers may pass new tensors (vLLM's cudagraph_copy_inputs).
+    #: Copy batch-sized tensor inputs into the graph's own buffers before a replay.
     graph_copy_inputs: bool = False
     # Sizes filled in from defaults; replace() derives them again instead of freezing them.
     _derived: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
@@ -279,8 +267,7 @@ class CompilationConfig:
             if not isinstance(getattr(self, key), bool):
                 raise rejected(key, getattr(self, key), "true or false")
         if self.graph_copy_inputs and self.use_inductor_graph_partition:
-            # Inductor's partitions come without example inputs, so their wrappers
-            # cannot tell batch-sized inputs from weights.
+            # Inductor's partitions have no example inputs to tell batch inputs from weights.
             raise rejected(
                 "graph_copy_inputs",
                 True,
@@ -335,11 +322,8 @@ class CompilationConfig:
             raise ConfigError(str(err)) from err
 
     def custom_op_enabled(self, name: str, resolved_backend: str | None = None) -> bool:
-        """Whether custom op ``name`` uses its platform kernel rather than ``forward_native``.
-
-        By default Inductor at level 3 gets the native code, which it fuses better than an
-        opaque kernel; ``resolved_backend`` is what ``backend=""`` turned into.
-        """
+        """Whether custom op ``name`` uses its platform kernel rather than ``forward_native``
+        (by default not under Inductor at level 3, which fuses native code better)."""
         if f"+{name}" in self.custom_ops:
             return True
         if f"-{name}" in self.custom_ops:
@@ -412,21 +396,17 @@ class CompilationConfig:
     def from_env_and_cli(
         cls, flags: Iterable[str], environ: Mapping[str, str] | None = None
     ) -> CompilationConfig:
-        """SLOTWISE_COMPILATION_CONFIG with the ``-O`` flags laid over it key by key:
-        what every command line tool of slotwise builds its config from."""
-        data = _env_data(environ)
-        for flag in flags:
-            _apply_flag(data, flag)
-        return cls.from_dict(data)
+        """SLOTWISE_COMPILATION_CONFIG with the ``-O`` flags laid over it key by key."""
+        return cls._from_flags(_env_data(environ), flags)
 
     @classmethod
     def from_cli(cls, flags: Iterable[str]) -> CompilationConfig:
-        """Combine ``-O`` values in order, later ones overriding earlier ones.
+        """Combine ``-O`` values in order, later ones overriding earlier ones: a level,
+        ``.key=value`` (a JSON value or else the raw string) or a JSON object."""
+        return cls._from_flags({}, flags)
 
-        Each is a level (``3``), ``.key=value`` with a JSON value or, failing JSON, the raw
-        string (``.inductor_config.NAME=value`` sets one Inductor option), or a JSON object.
-        """
-        data: dict[str, Any] = {}
+    @classmethod
+    def _from_flags(cls, data: dict[str, Any], flags: Iterable[str]) -> CompilationConfig:
         for flag in flags:
             _apply_flag(data, flag)
         return cls.from_dict(data)
@@ -506,11 +486,8 @@ def _read_json_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
 
 
 def _read_config_file(name: str, display: str) -> str:
-    """The text of the regular file ``name``, at most MAX_CONFIG_FILE_BYTES long.
-
-    Opened without blocking, so a FIFO is refused at once instead of waiting for a writer;
-    a device, socket or folder is refused too (checked on the open file, not the name).
-    """
+    """The text of the regular file ``name``, at most MAX_CONFIG_FILE_BYTES long; opened
+    without blocking, so a FIFO is refused instead of waiting for a writer."""
     descriptor = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     with os.fdopen(descriptor, "rb") as file:
         if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):

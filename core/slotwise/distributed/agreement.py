@@ -1,14 +1,8 @@
 """``check_ranks_agree``: ranks that must hold the same inputs prove it, or all stop.
 
-Tensor-parallel ranks each compute a slice of one model over one batch.  Ranks given
-different checkpoints or different prompts do not fail by themselves: they compute
-garbage, or one aborts inside the backend once its tensors' shapes stop matching its
-peers'.  So each rank packs what must agree into fixed-size records (a sha256 and a
-short text per ``Fact``), one ``all_gather`` brings every rank's records to every
-rank, and every rank compares the same records the same way: all of them raise the
-same ``RankDisagreementError``, or none does.  The records' size never depends on the
-data, so this collective cannot itself mismatch; run it before any collective whose
-shapes follow from the data.
+Ranks given different checkpoints or prompts compute garbage rather than fail, so each
+packs what must agree into fixed-size records, one ``all_gather`` shares them, and every
+rank raises the same ``RankDisagreementError``, or none does.
 """
 
 from __future__ import annotations
@@ -35,13 +29,8 @@ SHOWN_DIGEST = 12
 
 @dataclass(frozen=True)
 class Fact:
-    """One thing every rank of a group must hold identically.
-
-    ``name`` says what it is in the error ("config.json"); ``data`` is compared
-    through its sha256; ``shown`` is this rank's value as the error prints it (a
-    version, a count; at most ``SHOWN_BYTES`` bytes), else the digest is printed;
-    ``fix`` tells the user what to make equal when it differs.
-    """
+    """One thing every rank of a group must hold identically: ``data`` compared by its
+    sha256, ``shown`` (else the digest) and ``fix`` for the error message."""
 
     name: str
     data: bytes
@@ -51,11 +40,7 @@ class Fact:
 
 def check_ranks_agree(communicator: Communicator, facts: Sequence[Fact]) -> None:
     """Raise ``RankDisagreementError`` on every rank of ``communicator``'s group unless
-    every rank passed the same ``facts`` (same names, in the same order, same data).
-
-    One ``all_gather`` of ``MAX_FACTS + 1`` records of ``RECORD_BYTES`` bytes, whatever
-    the facts; nothing at all in a group of one.
-    """
+    every rank passed the same ``facts`` (same names, in the same order, same data)."""
     if len(facts) > MAX_FACTS:
         raise ValueError(f"{len(facts)} facts to compare; check_ranks_agree takes {MAX_FACTS}")
     if communicator.world_size == 1:

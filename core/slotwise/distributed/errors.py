@@ -1,13 +1,5 @@
-"""Errors of distributed execution, split by when they happen and what the user can do.
-
-``DistributedInitError`` comes from ``init_distributed``: the arguments or the
-launcher's environment are inconsistent, or the processes never met at the
-rendezvous.  ``CollectiveError`` comes later, from a collective that failed because
-a peer exited or a connection broke; ``DistributedTimeoutError`` is the collective
-that did not finish within the configured timeout.  ``RankDisagreementError`` comes
-from ``check_ranks_agree``: ranks that must hold the same inputs (checkpoint,
-prompts) do not.  Catching ``DistributedError`` catches all of them.
-"""
+"""Errors of distributed execution, split by when they happen; ``DistributedError``
+catches all of them."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """Where this process sits in the job: rank, world size, rendezvous and timeout.
 
-``init_distributed`` takes these from its arguments or from the environment that
-``torchrun`` sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
-``MASTER_PORT``).  Everything is checked here, before any process is contacted, so
-an inconsistent launch fails at once with a message naming the setting to change,
-instead of every rank waiting for the rendezvous to time out.  No torch here.
+From ``init_distributed``'s arguments or torchrun's environment, checked before any
+process is contacted, so an inconsistent launch fails at once.  No torch here.
 """
 
 from __future__ import annotations
@@ -50,13 +47,9 @@ def resolve_launch_config(
     timeout: float | datetime.timedelta | None = None,
     joined: bool = False,
 ) -> LaunchConfig:
-    """Combine the arguments with torchrun's environment, checking every value.
-
-    Explicit arguments win over the environment but must not contradict it. With
-    neither ranks nor ``init_method`` given and no torchrun environment, the process
-    runs alone (rank 0 of 1).  ``joined``: torch.distributed is already initialised,
-    so there is no rendezvous to find.
-    """
+    """Combine the arguments with torchrun's environment (which they must not contradict),
+    checking every value; with neither, the process runs alone.  ``joined``:
+    torch.distributed is already initialised."""
     tensor_parallel_size = _positive_int("tensor_parallel_size", tensor_parallel_size)
     rank = _merge("rank", rank, "RANK")
     world_size = _merge("world_size", world_size, "WORLD_SIZE")

@@ -1,21 +1,9 @@
 """Collectives as torch custom ops, so compiled models keep them in one graph.
 
-Dynamo can trace the base ``Communicator`` (it rewrites plain torch.distributed calls
-into its functional collectives), but not a vendor communicator that calls its own
-library, and traced code loses the communicator's error handling.  These ops are
-opaque nodes instead: ``torch.compile(fullgraph=True)`` records
-``torch.ops.slotwise.tp_all_reduce`` and friends like any aten op, their fake
-implementations give the output shapes, and at run time they call the communicator
-registered under ``group_name`` ("tp" or "world"), whichever platform's class that
-is.  Registered when ``slotwise.distributed`` is imported.
-
-The all-reduce also has an out variant, ``tp_all_reduce.out``, which writes into a
-tensor its caller allocated and returns nothing; the parallel layers call it.  A
-platform that keeps the all-reduce out of its static graphs splits the graph there
-(``splitting_ops``), and the piece after it reads its result: a new tensor at every
-step would move under that piece's graph, while a tensor allocated in the piece
-before keeps the address the graph was captured with (as attention's ``out`` does).
-Splitting at "slotwise::tp_all_reduce" covers both overloads.
+Dynamo cannot trace a vendor communicator that calls its own library, so these are
+opaque nodes that call, at run time, the communicator registered under ``group_name``
+("tp" or "world").  ``tp_all_reduce.out`` writes into a tensor its caller allocated, so
+a static graph split at "slotwise::tp_all_reduce" (both overloads) keeps its address.
 """
 
 from __future__ import annotations

@@ -1,28 +1,16 @@
 """Tensor-parallel layers: each rank holds a slice of the weights, collectives join them.
 
-The Megatron split: a column-parallel linear layer keeps a slice of the output
-features, so its output is sharded and needs no communication; a row-parallel layer
-keeps the matching slice of the input features and all-reduces its partial sums.
-Chaining the two (QKV then output projection, gate/up then down) costs one
-all-reduce per pair.  Embedding and LM head shard the vocabulary.
+The Megatron split: column-parallel layers shard the output features, row-parallel
+ones the input features and all-reduce their partial sums, so a chained pair costs one
+all-reduce; embedding and LM head shard the vocabulary.  Without ``init_distributed``
+every layer computes what its ``torch.nn`` counterpart does.
 
-The layers read their rank and size from the tensor-parallel group when they are
-built; without ``init_distributed`` that is rank 0 of 1, and every layer computes
-exactly what its ``torch.nn`` counterpart does.  Fresh weights are drawn like
-``nn.Linear``'s and ``nn.Embedding``'s, independently per rank, so a real model loads
-its weights from unsharded tensors, which lets every rank load the same checkpoint or
-the same seeded draw:
-
-- ``load_full_weight(weight, bias)`` takes the whole unsharded tensors in memory;
-- ``load_shard(name, tensor, part)`` takes one checkpoint tensor (``part`` picks q, k
-  or v of a fused QKV layer, gate or up of a merged one) as anything that slices
-  like a tensor, and indexes only this rank's rows or columns of it.  Given a
-  checkpoint's tensor, a rank reads just its share of the file, straight into its
-  parameter;
-- ``full_shape(name, part)`` is the shape that tensor must have.
-
-The collectives are the ``torch.ops.slotwise.tp_*`` custom ops, so the layers
-compile with ``torch.compile(fullgraph=True)``.
+Weights load from unsharded tensors, so every rank reads the same checkpoint:
+``load_full_weight(weight, bias)`` takes whole tensors, ``load_shard(name, tensor,
+part)`` indexes only this rank's rows or columns of one checkpoint tensor (``part``
+picks q, k or v, gate or up), and ``full_shape(name, part)`` is the shape it must have.
+The collectives are ``torch.ops.slotwise.tp_*`` custom ops, so the layers compile with
+``fullgraph=True``.
 """
 
 from __future__ import annotations
@@ -44,9 +32,7 @@ from slotwise.distributed.state import (
 
 class Sliceable(Protocol):
     """An unsharded tensor read on demand: a ``torch.Tensor``, or a checkpoint's tensor
-    whose indexing reads only the indexed bytes.  One that also has
-    ``copy_to(dest, index)`` (a checkpoint's tensor) is given the destination, so it can
-    read the slice straight into its memory (``_copy_slice``)."""
+    whose indexing (or ``copy_to(dest, index)``) reads only the indexed bytes."""
 
     def __getitem__(self, index: Any) -> torch.Tensor: ...
 
@@ -71,15 +57,22 @@ def _divide(value: int, tp_size: int, what: str) -> int:
 
 
 def _all_reduced(x: torch.Tensor) -> torch.Tensor:
-    """The sum of ``x`` over the tensor-parallel group, in a tensor allocated here.
-
-    Through the all-reduce's out variant: where a platform splits its static graphs at
-    the all-reduce, the buffer is allocated in the captured piece before it, so the
-    piece after it reads the address its graph was captured with at every step.
-    """
+    """The sum of ``x`` over the tensor-parallel group, through the out variant, so a
+    static graph split at the all-reduce allocates the buffer in the piece before it."""
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     torch.ops.slotwise.tp_all_reduce.out(x, TP_GROUP, out=out)
     return out
+
+
+def _linear_parameters(
+    rows: int, columns: int, input_size: int, bias: bool, dtype: torch.dtype | None
+) -> tuple[nn.Parameter, nn.Parameter | None]:
+    """A weight (and bias) drawn from ``nn.Linear``'s initial distribution."""
+    bound = 1 / math.sqrt(input_size)
+    weight = nn.Parameter(torch.empty(rows, columns, dtype=dtype).uniform_(-bound, bound))
+    if not bias:
+        return weight, None
+    return weight, nn.Parameter(torch.empty(rows, dtype=dtype).uniform_(-bound, bound))
 
 
 def _check_full(tensor: torch.Tensor, shape: tuple[int, ...], what: str) -> None:
@@ -90,13 +83,8 @@ def _check_full(tensor: torch.Tensor, shape: tuple[int, ...], what: str) -> None
 
 
 class _OutputShardedLinear(nn.Module):
-    """A linear layer holding chosen row ranges (output features) of a full weight.
-
-    The full weight stacks ``part_sizes`` rows per part (q, k, v; gate, up), each
-    stored as its own checkpoint tensor.  ``shard_rows`` lists one ``(start, length)``
-    range of the full weight's rows per part; this rank's weight is their
-    concatenation.  The column-parallel layers differ only in the parts and ranges.
-    """
+    """A linear layer holding one ``(start, length)`` range of the full weight's rows per
+    part (``part_sizes`` rows each: q, k, v; gate, up), concatenated."""
 
     def __init__(
         self,
@@ -114,14 +102,8 @@ class _OutputShardedLinear(nn.Module):
         self.part_sizes = part_sizes
         self.shard_rows = shard_rows
         rows = sum(length for _, length in shard_rows)
-        bound = 1 / math.sqrt(input_size)  # nn.Linear's initial distribution
-        self.weight = nn.Parameter(
-            torch.empty(rows, input_size, dtype=params_dtype).uniform_(-bound, bound)
-        )
-        self.bias = (
-            nn.Parameter(torch.empty(rows, dtype=params_dtype).uniform_(-bound, bound))
-            if bias
-            else None
+        self.weight, self.bias = _linear_parameters(
+            rows, input_size, input_size, bias, params_dtype
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -166,11 +148,8 @@ class _OutputShardedLinear(nn.Module):
 
 
 class ColumnParallelLinear(_OutputShardedLinear):
-    """``nn.Linear`` whose output features are split evenly across the ranks.
-
-    The output is this rank's slice of the features, ready for a row-parallel layer;
-    ``gather_output=True`` all-gathers the full output instead.
-    """
+    """``nn.Linear`` whose output features are split evenly across the ranks
+    (``gather_output=True`` all-gathers the full output)."""
 
     def __init__(
         self,
@@ -196,12 +175,8 @@ class ColumnParallelLinear(_OutputShardedLinear):
 
 
 class MergedColumnParallelLinear(_OutputShardedLinear):
-    """Several column-parallel outputs in one matmul, each split across the ranks.
-
-    For gate and up projections (``output_sizes=[intermediate, intermediate]``): the
-    local output is this rank's gate slice followed by its up slice, which is what
-    ``SiluAndMul`` expects.  The full weight stacks the blocks in the same order.
-    """
+    """Several column-parallel outputs in one matmul, each split across the ranks: for
+    gate and up, this rank's gate slice then its up slice, as ``SiluAndMul`` expects."""
 
     def __init__(
         self,
@@ -224,12 +199,9 @@ class MergedColumnParallelLinear(_OutputShardedLinear):
 class QKVParallelLinear(_OutputShardedLinear):
     """The fused query/key/value projection with attention heads split across ranks.
 
-    Each rank gets ``total_num_heads / tp`` query heads and the key/value heads they
-    attend with.  With fewer key/value heads than ranks (grouped-query attention at
-    high tp) each key/value head is replicated on ``tp / total_num_kv_heads`` ranks.
-    ``num_heads``, ``num_kv_heads``, ``q_size`` and ``kv_size`` are per rank: split
-    the output with ``[q_size, kv_size, kv_size]`` and give the attention layer the
-    per-rank head counts.  The full weight stacks all query, key and value heads.
+    With fewer key/value heads than ranks each is replicated on ``tp /
+    total_num_kv_heads`` ranks.  ``num_heads``, ``num_kv_heads``, ``q_size`` and
+    ``kv_size`` are per rank: split the output with ``[q_size, kv_size, kv_size]``.
     """
 
     def __init__(
@@ -276,13 +248,8 @@ class QKVParallelLinear(_OutputShardedLinear):
 
 
 class RowParallelLinear(nn.Module):
-    """``nn.Linear`` whose input features are split across the ranks.
-
-    Each rank multiplies its slice of the input by its slice of the weight; the
-    all-reduce of the partial sums gives every rank the full output, and the bias is
-    added once, after it.  ``input_is_parallel=False`` takes the full input and
-    slices it here.
-    """
+    """``nn.Linear`` whose input features are split across the ranks, the partial sums
+    all-reduced and the bias added once; ``input_is_parallel=False`` slices the input."""
 
     def __init__(
         self,
@@ -300,16 +267,8 @@ class RowParallelLinear(nn.Module):
         self.output_size = output_size
         self.input_size_per_partition = _divide(input_size, self.tp_size, "input_size")
         self.input_is_parallel = input_is_parallel
-        bound = 1 / math.sqrt(input_size)  # nn.Linear's initial distribution
-        self.weight = nn.Parameter(
-            torch.empty(output_size, self.input_size_per_partition, dtype=params_dtype).uniform_(
-                -bound, bound
-            )
-        )
-        self.bias = (
-            nn.Parameter(torch.empty(output_size, dtype=params_dtype).uniform_(-bound, bound))
-            if bias
-            else None
+        self.weight, self.bias = _linear_parameters(
+            output_size, self.input_size_per_partition, input_size, bias, params_dtype
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -357,12 +316,9 @@ class RowParallelLinear(nn.Module):
 
 
 class VocabParallelEmbedding(nn.Module):
-    """``nn.Embedding`` with the vocabulary split across the ranks.
-
-    Rank r holds rows ``[r * n, (r + 1) * n)`` with ``n = ceil(vocab / tp)``; rows past
-    the vocabulary are zero padding.  A token looked up elsewhere gives zeros here, so
-    the all-reduce of the ranks' results is the embedding.
-    """
+    """``nn.Embedding`` with the vocabulary split across the ranks: rank r holds rows
+    ``[r * n, (r + 1) * n)``, ``n = ceil(vocab / tp)``, zero past the vocabulary, and a
+    token held elsewhere embeds to zeros here, so the all-reduce is the embedding."""
 
     def __init__(
         self, num_embeddings: int, embedding_dim: int, *, params_dtype: torch.dtype | None = None
@@ -414,12 +370,8 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    """The output projection to vocabulary logits, with the vocabulary split across ranks.
-
-    Each rank computes the logits of its vocabulary slice; an all-gather puts the full
-    row of logits on every rank.  The weight has the embedding's layout, so
-    ``lm_head.weight = embed_tokens.weight`` ties the two at any tensor-parallel size.
-    """
+    """The output projection to vocabulary logits, the vocabulary split across ranks and
+    all-gathered; its weight has the embedding's layout, so the two can be tied."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = F.linear(hidden, self.weight)

@@ -6,10 +6,8 @@ Rules, in order (docs/design.md):
    top is an error naming both plugins.
 3. Else an ``UnspecifiedPlatform`` that raises ``PlatformNotFoundError`` on use.
 
-Each probe runs at most once per process, within SLOTWISE_PROBE_TIMEOUT seconds (a
-hung probe fails its plugin instead of hanging the process: plugins/plugin_code.py).
-Platforms below the winner's priority are probed only when a report asks for them, and
-with SLOTWISE_PLATFORM set only the named platform is ever probed.
+Each probe runs at most once per process, within SLOTWISE_PROBE_TIMEOUT seconds, and
+only when a selection or a report needs its answer.
 """
 
 from __future__ import annotations
@@ -110,11 +108,8 @@ class PlatformResolver:
             del self.entries[name]
 
     def probe(self, entry: PlatformEntry) -> bool:
-        """Run ``entry``'s probe once; True when the platform can run here.
-
-        A Ctrl-C (KeyboardInterrupt) leaves the entry unprobed, so a later resolution asks
-        again; a probe that calls ``sys.exit()`` fails its plugin, as one that raises does.
-        """
+        """Run ``entry``'s probe once; True when the platform can run here (a Ctrl-C
+        leaves it unprobed, so a later resolution asks again)."""
         with self._lock:
             if entry.status == "unprobed":
                 try:
@@ -228,11 +223,8 @@ class PlatformResolver:
         return entry.reason
 
     def report(self) -> list[ReportRow]:
-        """Every plugin and platform with its status.
-
-        Probes what is not probed yet, unless SLOTWISE_PLATFORM names the platform to
-        use: then the others' probes (which may be slow or hang) are of no use.
-        """
+        """Every plugin and platform with its status, probing what is not probed yet
+        unless SLOTWISE_PLATFORM names the platform to use."""
         forced = envs.get("SLOTWISE_PLATFORM")
         rows = []
         for entry in sorted(self.entries.values(), key=lambda e: (-e.spec.priority, e.name)):
@@ -242,34 +234,20 @@ class PlatformResolver:
             if record.status == "failed" and entry.status != "failed":
                 # Failed after its platforms were collected: in a registration hook.
                 entry.status, entry.reason = "failed", record.reason
-            rows.append(
-                ReportRow(
-                    kind="platform",
-                    name=entry.name,
-                    plugin=record.name,
-                    distribution=record.distribution,
-                    version=record.version,
-                    status=entry.status,
-                    reason=self._reason(entry, forced),
-                    priority=entry.spec.priority,
-                    requires_api=entry.spec.requires_api,
-                )
-            )
+            reason = self._reason(entry, forced)
+            row = _row("platform", entry.name, record, entry.status, reason)
+            row.priority, row.requires_api = entry.spec.priority, entry.spec.requires_api
+            rows.append(row)
         offering = {e.plugin.name for e in self.entries.values()}
         for record in sorted(self.manager.records.values(), key=lambda r: r.name):
             if record.name not in offering:
-                rows.append(
-                    ReportRow(
-                        kind="plugin",
-                        name=record.name,
-                        plugin=record.name,
-                        distribution=record.distribution,
-                        version=record.version,
-                        status=record.status,
-                        reason=record.reason or "offers no platform",
-                    )
-                )
+                reason = record.reason or "offers no platform"
+                rows.append(_row("plugin", record.name, record, record.status, reason))
         return rows
+
+
+def _row(kind: str, name: str, record: PluginRecord, status: str, reason: str) -> ReportRow:
+    return ReportRow(kind, name, record.name, record.distribution, record.version, status, reason)
 
 
 def _check_specs(specs: Any) -> str:
@@ -287,24 +265,20 @@ def _check_specs(specs: Any) -> str:
 def instantiate(entry: PlatformEntry) -> Platform:
     """Import and construct the selected platform class; errors name the plugin."""
     with plugin_code(entry.plugin, f"instantiation of platform {entry.name!r}"):
-        return _instantiate(entry)
-
-
-def _instantiate(entry: PlatformEntry) -> Platform:
-    platform_cls = resolve_import_path(
-        entry.spec.platform_cls,
-        what=f"platform {entry.name!r} from {entry.plugin.label}",
-        fix=f"fix or uninstall {entry.plugin.distribution}",
-        expected_type=Platform,
-        error=PlatformError,
-    )
-    platform = platform_cls()
-    if platform.name != entry.name:
-        raise PlatformError(
-            f"platform {entry.name!r} from {entry.plugin.label}: class "
-            f"{entry.spec.platform_cls!r} says its name is {platform.name!r}; they must match"
+        platform_cls = resolve_import_path(
+            entry.spec.platform_cls,
+            what=f"platform {entry.name!r} from {entry.plugin.label}",
+            fix=f"fix or uninstall {entry.plugin.distribution}",
+            expected_type=Platform,
+            error=PlatformError,
         )
-    return platform
+        platform = platform_cls()
+        if platform.name != entry.name:
+            raise PlatformError(
+                f"platform {entry.name!r} from {entry.plugin.label}: class "
+                f"{entry.spec.platform_cls!r} says its name is {platform.name!r}; they must match"
+            )
+        return platform
 
 
 _resolver: PlatformResolver | None = None
@@ -331,11 +305,8 @@ def declared_platforms() -> dict[str, tuple[str, ...]]:
 
 
 def get_current_platform() -> Platform:
-    """The platform of this process, resolved once; later calls return the same object.
-
-    A resolution error is remembered and raised again on every later call; an interrupt
-    (KeyboardInterrupt) is not: the next call tries again.
-    """
+    """The platform of this process, resolved once; a resolution error is raised again on
+    every later call, an interrupt is not."""
     global _platform, _error
     if _platform is not None:
         return _platform
@@ -369,11 +340,7 @@ def _resolve(resolver: PlatformResolver) -> Platform:
 
 
 def plugin_report() -> list[ReportRow]:
-    """Every plugin and platform with its status and reason (for `slotwise env`).
-
-    A plugin failed in a registration hook run before this call is reported failed,
-    naming the hook and the error (``slotwise env`` runs those hooks first).
-    """
+    """Every plugin and platform with its status and reason (for `slotwise env`)."""
     try:
         get_current_platform()
     except PlatformError:
@@ -383,11 +350,8 @@ def plugin_report() -> list[ReportRow]:
 
 @contextlib.contextmanager
 def use_platform(platform: Platform) -> Iterator[Platform]:
-    """Make ``platform`` the current platform inside the block.
-
-    For tests and conformance kits that exercise a platform object directly (e.g. a
-    graph platform with an injected CPU graph API); resolution is bypassed, not changed.
-    """
+    """Make ``platform`` the current platform inside the block, bypassing resolution
+    (for tests and conformance kits that exercise a platform object directly)."""
     global _platform
     with _platform_lock:
         previous, _platform = _platform, platform

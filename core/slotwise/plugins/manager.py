@@ -1,13 +1,5 @@
-"""Loading plugins from entry points, one at a time, so one broken plugin
-cannot take the others down.
-
-pluggy's own ``load_setuptools_entrypoints`` stops at the first plugin that fails to
-import; here every entry point is loaded, registered and called in isolation and
-failures are recorded (and warned about once) per distribution.
-
-Plugin code (imports, hooks, probes) runs under the guard of ``plugin_code.py``: within
-a time limit, its prints on stderr, its changes to SLOTWISE_* variables undone, its
-``sys.exit()`` a failed plugin.
+"""Loading plugins from entry points, one at a time, so one broken plugin cannot take
+the others down (pluggy's ``load_setuptools_entrypoints`` stops at the first failure).
 """
 
 from __future__ import annotations
@@ -39,11 +31,8 @@ logger = logging.getLogger("slotwise")
 
 
 class Registry(Protocol):
-    """What a registration hook fills, e.g. the attention-backend or custom-op registry.
-
-    Built with the names of the platforms the registering plugin declares (its
-    ``slotwise_platforms`` answer), so its ``register_own`` needs no platform name.
-    """
+    """What a registration hook fills, built with the platforms the registering plugin
+    declares, so its ``register_own`` needs no platform name."""
 
     def merge(self, other: Any, source: str) -> None:
         """Take ``other``'s registrations, made by plugin ``source`` (its label)."""
@@ -72,8 +61,7 @@ class PluginRecord:
     #: What was warned about this plugin while it stayed loaded (conformance fails on it).
     warnings: list[str] = field(default_factory=list)
 
-    # Read lazily: a distribution's name and version come from parsing its METADATA
-    # file, which costs more than the rest of discovery.
+    # Read lazily: parsing METADATA costs more than the rest of discovery.
     @cached_property
     def distribution(self) -> str:
         return self.dist.name if self.dist else "<unknown>"
@@ -88,13 +76,8 @@ class PluginRecord:
 
 
 class _RenameAwarePluggyManager(pluggy.PluginManager):
-    """pluggy's manager, registering an implementation of a renamed hook under its new name.
-
-    ``parse_hookimpl_opts`` is pluggy's documented hook for customising how an
-    implementation is picked up; answering with ``specname`` set to the new name makes
-    pluggy verify and call it exactly like an implementation of the new hook, under the
-    plugin's own name (so reports and failures still point at the right plugin).
-    """
+    """pluggy's manager, registering an implementation of a renamed hook under its new name
+    (through ``specname``, so pluggy checks and calls it as the new hook)."""
 
     def parse_hookimpl_opts(self, plugin: Any, name: str) -> pluggy.HookimplOpts | None:
         opts = super().parse_hookimpl_opts(plugin, name)
@@ -123,8 +106,6 @@ class PluginManager:
 
     def load_entry_points(self) -> None:
         """Load every plugin of the group, read from the installation by this process."""
-        # importlib.metadata lists a distribution found twice on sys.path (e.g. an
-        # editable install plus a source folder) once, the first, as imports find it.
         entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
         limit_s = envs.plugin_timeout()
         for ep in sorted(entry_points, key=lambda ep: ep.name):
@@ -209,11 +190,8 @@ class PluginManager:
                 )
 
     def _warn_unmarked_hooks(self, record: PluginRecord, plugin: Any) -> None:
-        """One warning per function named like a hook but not marked ``@hookimpl``.
-
-        pluggy finds implementations by their mark, not their name, so such a function
-        is never called; authors used to pytest's name-based discovery expect it to be.
-        """
+        """One warning per function named like a hook but not marked ``@hookimpl``, which
+        pluggy (unlike pytest's name-based discovery) never calls."""
         for name, hook in _unmarked_hooks(plugin, self._pm.implements):
             new_name = api_versioning.RENAMED_HOOKS.get(hook, (None,))[0]
             renamed = f" (renamed to {new_name})" if new_name else ""
@@ -246,11 +224,8 @@ class PluginManager:
     ) -> R:
         """One registry filled through the registration hook ``hook_name`` of every plugin.
 
-        ``declared`` maps each plugin's name to the platforms it declares.  Each plugin
-        registers into a fresh registry of its own, which knows that plugin's platforms,
-        merged only when its hook returns without error: a plugin that fails half-way
-        leaves nothing behind.  A registration for a platform no plugin declares (a typo,
-        most often) is warned about: it would never be used.
+        Each plugin fills a fresh registry knowing its ``declared`` platforms, merged only
+        when its hook returns, so one failing half-way leaves nothing behind.
         """
         staged: dict[str, R] = {}
 
@@ -342,12 +317,8 @@ def _unmarked_hooks(plugin: Any, implements: Callable[[Any, str], bool]) -> list
 
 
 def _wrapper_hooks(pm: pluggy.PluginManager, plugin: Any) -> list[str]:
-    """The hooks ``plugin`` implements as wrappers (``wrapper=True``, ``hookwrapper=True``).
-
-    slotwise calls each plugin's hook on its own, so that one failing plugin cannot
-    take the others down; a wrapper around the other plugins' calls has no place in
-    that, and called as a plain function it would silently do nothing.
-    """
+    """The hooks ``plugin`` implements as wrappers, which do nothing when each plugin's
+    hook is called on its own."""
     return sorted(
         caller.name
         for caller in pm.get_hookcallers(plugin) or []

@@ -1,22 +1,8 @@
 """Running plugin code (an entry point's import, a hook, a probe) so that it cannot take
-slotwise down.
+slotwise down: in a daemon thread within a time limit, ``sys.exit()`` a broken plugin,
+stdout on stderr, SLOTWISE_* variables put back, non-daemon threads remembered.
 
-- Time limit: the code runs in a daemon thread of its own and is waited for at most a
-  limit (SLOTWISE_PLUGIN_TIMEOUT for imports and hooks, SLOTWISE_PROBE_TIMEOUT for
-  probes).  Code that has not returned by then is abandoned, never killed (Python cannot
-  kill a thread); as a daemon thread it never keeps the process from exiting.
-- ``sys.exit()`` in plugin code is a broken plugin, not the end of the process; Ctrl-C
-  (KeyboardInterrupt) goes through, with the plugin that was running named.
-- stdout goes to stderr while plugin code runs, so stdout stays the caller's
-  (``slotwise env --json``); a SLOTWISE_* variable the code changes is put back.
-- A non-daemon thread the code starts is remembered: it would keep the process from
-  ever exiting, so the ``slotwise`` command ends despite it (``lingering_plugin_threads``).
-
-What no in-process guard can stop: ``os._exit()``, a crash in native code, a native call
-that holds the GIL forever.  docs/plugin-authors.md states that contract.
-
-Imports only the standard library and slotwise's settings: the command line uses it
-before any plugin is loaded.
+``os._exit()`` or a native crash no in-process guard can stop (docs/plugin-authors.md).
 """
 
 from __future__ import annotations
@@ -46,11 +32,8 @@ class Labelled(Protocol):
 
 
 class PluginCodeError(SlotwiseError, RuntimeError):
-    """Plugin code failed in a way no exception of its own describes.
-
-    ``phrase`` completes a sentence whose subject is the action ("hook slotwise_platforms",
-    "probe"): "timed out after 10 s; ...", "called sys.exit(1), ...".
-    """
+    """Plugin code failed in a way no exception of its own describes; ``phrase`` completes
+    a sentence about the action: "timed out after 10 s; ..."."""
 
     def __init__(self, label: str, action: str, phrase: str) -> None:
         super().__init__(f"{label}: {action} {phrase}")
@@ -85,11 +68,8 @@ def outcome(exc: Exception) -> str:
 def call_plugin_code(
     record: Labelled, action: str, func: Callable[[], T], *, limit_s: float, variable: str
 ) -> T:
-    """``func()`` under ``plugin_code``, in a daemon thread, waited for at most ``limit_s``.
-
-    Raises ``PluginTimeout`` (naming ``action``, the limit and ``variable``, which sets
-    it) when ``func`` has not returned in time, and whatever ``func`` raised otherwise.
-    """
+    """``func()`` under ``plugin_code``, in a daemon thread, waited for at most ``limit_s``
+    (else ``PluginTimeout`` naming ``variable``, which sets the limit)."""
     with plugin_code(record, action):
         outcome_box: list[tuple[bool, Any]] = []
 
@@ -118,13 +98,7 @@ def call_plugin_code(
 @contextlib.contextmanager
 def plugin_code(record: Labelled, action: str) -> Iterator[None]:
     """Run plugin code (``action``, e.g. "hook slotwise_platforms") under guard, in this
-    thread: stdout to stderr, SLOTWISE_* variables put back, SystemExit turned into
-    ``PluginExit``, a KeyboardInterrupt named and passed on, new non-daemon threads
-    remembered.
-
-    The debug log names the code before it runs: should it end the process with
-    ``os._exit()``, SLOTWISE_LOGGING_LEVEL=DEBUG shows which plugin did.
-    """
+    thread; the debug log names it first, in case it ends the process."""
     if logger.isEnabledFor(logging.DEBUG):  # a label reads the distribution's metadata
         logger.debug("%s: %s", record.label, action)
     before = envs.settings()
@@ -189,12 +163,7 @@ def _remember_new_threads(record: Labelled, action: str, before: set[threading.T
 
 def lingering_plugin_threads(wait_s: float) -> list[str]:
     """The non-daemon threads plugin code started that are still running after waiting
-    up to ``wait_s`` seconds for them, each described with its plugin and action.
-
-    Threads started from plugin code slotwise runs in its own (daemon) threads are
-    daemon threads unless the plugin asks otherwise, so these are threads started with
-    ``daemon=False`` or from plugin code run in the caller's thread.
-    """
+    up to ``wait_s`` seconds for them, each described with its plugin and action."""
     deadline = time.monotonic() + wait_s
     lingering = []
     for thread, label, action in _plugin_threads:
@@ -211,11 +180,8 @@ _stdout_saved: TextIO | None = None
 
 @contextlib.contextmanager
 def stdout_to_stderr() -> Iterator[None]:
-    """``sys.stdout`` is ``sys.stderr`` inside, for as long as any thread is inside.
-
-    Unlike ``contextlib.redirect_stdout``, safe when threads enter and leave in any
-    order: the first in swaps stdout, the last out puts it back.
-    """
+    """``sys.stdout`` is ``sys.stderr`` for as long as any thread is inside (unlike
+    ``contextlib.redirect_stdout``, safe with threads)."""
     global _stdout_users, _stdout_saved
     with _stdout_lock:
         if _stdout_users == 0:

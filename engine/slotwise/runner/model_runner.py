@@ -1,15 +1,16 @@
 """``ModelRunner``: runs a causal LM step by step over a paged KV cache.
 
-It owns what a model should not: the KV cache and its block allocator, the
-attention metadata of each step, padding batches to the size the model's
-``GraphDispatcher`` gives (through static input buffers, so graphs always read the
-same addresses; FULL graphs also read their attention metadata from static buffers),
-capturing the dispatcher's capture plan at start-up, and greedy generation on top of
-prefill and decode steps.
+It owns what a model should not: the KV cache and its block allocator, each step's
+inputs and attention metadata (written into persistent buffers, ``StepInputs``, and
+sent to the device in one copy per storage), padding batches to the size the model's
+``GraphDispatcher`` gives (graphs read those buffers in place; FULL graphs also their
+attention metadata, laid out there), capturing the dispatcher's capture plan at
+start-up, and greedy generation on top of prefill and decode steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from slotwise.attention import (
     allocate_kv_caches,
     num_blocks_for,
 )
+from slotwise.attention.metadata import AttentionMetadataBuilder
 from slotwise.compilation.config import CompilationConfig, GraphMode
 from slotwise.compilation.decorators import compiled_forward_of
 from slotwise.compilation.static_graphs.dispatcher import (
@@ -37,9 +39,12 @@ from slotwise.forward_context import set_forward_context
 from slotwise.platforms import get_current_platform
 from slotwise.runner.capture import CaptureReport, capture_graphs
 from slotwise.runner.generation import generate
-from slotwise.runner.static_inputs import StaticInputBuffers
+from slotwise.runner.step_inputs import StepBuffers, StepInputs
 
 logger = logging.getLogger("slotwise")
+
+#: Step shapes whose dispatch is remembered (a step's token count, uniform or not).
+_MAX_DISPATCHED = 4096
 
 
 @dataclass
@@ -87,7 +92,7 @@ class ModelRunner:
         # fastest (load_model did already; a model built otherwise has not been).
         self.platform.advise_resident_memory([*model.parameters(), *model.buffers()])
         self.allocator = BlockAllocator(num_blocks, self.block_size)
-        self.metadata_builder = layers[0].attn_backend.get_builder_cls()(
+        self.metadata_builder: AttentionMetadataBuilder = layers[0].attn_backend.get_builder_cls()(
             self.block_size, self.device
         )
         self.config = compiled_config(model)
@@ -95,16 +100,19 @@ class ModelRunner:
             self.config, self.platform, [layer.attn_backend for layer in layers]
         )
         self.capture_sizes = self._graph_sizes()
-        self.buffers = (
-            StaticInputBuffers(
-                self.capture_sizes[-1],
-                {"input_ids": ((), torch.long), "positions": ((), torch.long)},
-                self.device,
-            )
-            if self.capture_sizes
-            else None
+        #: The most blocks one request may hold: the block tables' fixed width.
+        self.max_blocks_per_request = min(
+            num_blocks, num_blocks_for(self.max_model_len, self.block_size)
         )
-        self.static_metadata = self._static_metadata(num_blocks)
+        self.step_inputs = StepInputs(
+            self.capture_sizes[-1] if self.capture_sizes else 0,
+            self.max_blocks_per_request,
+            self.block_size,
+            self.max_model_len,
+            self.device,
+        )
+        self.static_metadata = self._static_metadata()
+        self._dispatched: dict[tuple[int, bool], StepGraphs] = {}
 
     def _graph_sizes(self) -> list[int]:
         """The sizes steps are padded to (the dispatcher's); empty when this model runs
@@ -127,15 +135,21 @@ class ModelRunner:
             )
         return sizes
 
-    def _static_metadata(self, num_blocks: int) -> StaticAttentionMetadata | None:
-        """Metadata buffers for FULL steps, whose padding requests decode into a cache
-        block reserved here for the runner's lifetime; None without full graphs."""
-        if not self.capture_sizes or not self.dispatcher.graph_mode.has_full_graphs:
+    def _static_metadata(self) -> StaticAttentionMetadata | None:
+        """The layouts of FULL steps over the step inputs' graph buffers, whose padding
+        requests decode into a cache block reserved here for the runner's lifetime; None
+        without full graphs."""
+        graph = self.step_inputs.graph
+        if graph is None or not self.dispatcher.graph_mode.has_full_graphs:
             return None
         (scratch_block,) = self.allocator.allocate(1)
-        max_blocks = min(num_blocks, num_blocks_for(self.max_model_len, self.block_size))
         return StaticAttentionMetadata(
-            self.capture_sizes[-1], max_blocks, self.block_size, scratch_block, self.device
+            graph.max_tokens,
+            self.max_blocks_per_request,
+            self.block_size,
+            scratch_block,
+            self.device,
+            buffers=graph.metadata,
         )
 
     # -- steps ---------------------------------------------------------------------
@@ -153,37 +167,58 @@ class ModelRunner:
         *,
         uniform_decode: bool = False,
     ) -> torch.Tensor:
-        """Hidden states of one step for its ``len(input_ids)`` real tokens."""
+        """Hidden states of one step for its ``len(input_ids)`` real tokens, from tensors
+        the caller made (``step`` writes its inputs in place instead): they are copied
+        into the graph buffers, and ``metadata`` into the static layout of a FULL step."""
         num_tokens = input_ids.shape[0]
-        # The step's graphs, padded size and metadata layout: the dispatcher's decision,
-        # carried in the forward context for the graph wrappers.
         graphs = self.dispatcher.dispatch(num_tokens, uniform_decode)
         if graphs.mode != GraphMode.NONE:
-            assert self.buffers is not None
-            views = self.buffers.fill(graphs.padded_size, input_ids=input_ids, positions=positions)
-            input_ids, positions = views["input_ids"], views["positions"]
+            buffers = self.step_inputs.graph
+            assert buffers is not None
+            # The copies below bypass the host arrays: their rows are stale from here.
+            buffers.forget_contents()
+            padded = graphs.padded_size
+            for source, target in ((input_ids, buffers.input_ids), (positions, buffers.positions)):
+                target[:num_tokens].copy_(source)
+                target[num_tokens:padded].zero_()
+            input_ids, positions = buffers.input_ids[:padded], buffers.positions[:padded]
+            if graphs.metadata_layout != MetadataLayout.AS_BUILT:
+                assert self.static_metadata is not None
+                lay_out = (
+                    self.static_metadata.uniform_decode
+                    if graphs.metadata_layout == MetadataLayout.UNIFORM_DECODE
+                    else self.static_metadata.general
+                )
+                metadata = lay_out(padded, metadata)
+        return self._run(graphs, input_ids, positions, metadata)[:num_tokens]
+
+    def _run(
+        self,
+        graphs: StepGraphs,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        metadata: AttentionMetadata | None,
+    ) -> torch.Tensor:
+        """The model on inputs of ``graphs.padded_size`` rows, in the step's forward
+        context: the dispatcher's decision, carried there for the graph wrappers."""
         with (
-            torch.inference_mode(),
+            contextlib.nullcontext()
+            if torch.is_inference_mode_enabled()
+            else torch.inference_mode(),
             set_forward_context(
-                self._laid_out(graphs, metadata),
-                graph_mode=graphs.mode,
-                batch_descriptor=graphs.batch_descriptor,
+                metadata, graph_mode=graphs.mode, batch_descriptor=graphs.batch_descriptor
             ),
         ):
-            hidden = self.model(input_ids, positions)
-        return hidden[:num_tokens]
+            return self.model(input_ids, positions)
 
-    def _laid_out(
-        self, graphs: StepGraphs, metadata: AttentionMetadata | None
-    ) -> AttentionMetadata | None:
-        """The step's metadata as ``graphs.metadata_layout`` says: as built, or copied
-        into the static buffers a FULL graph reads."""
-        if graphs.metadata_layout == MetadataLayout.AS_BUILT:
-            return metadata
-        assert self.static_metadata is not None
-        if graphs.metadata_layout == MetadataLayout.UNIFORM_DECODE:
-            return self.static_metadata.uniform_decode(graphs.padded_size, metadata)
-        return self.static_metadata.general(graphs.padded_size, metadata)
+    def _dispatch(self, num_tokens: int, uniform_decode: bool) -> StepGraphs:
+        """The dispatcher's decision for a step, asked once per step shape."""
+        graphs = self._dispatched.get((num_tokens, uniform_decode))
+        if graphs is None:
+            graphs = self.dispatcher.dispatch(num_tokens, uniform_decode)
+            if len(self._dispatched) < _MAX_DISPATCHED:
+                self._dispatched[num_tokens, uniform_decode] = graphs
+        return graphs
 
     def capture(self, *, progress: bool = True) -> list[CaptureReport]:
         """Capture every graph of the dispatcher's capture plan (no-op without graphs)."""
@@ -221,6 +256,8 @@ class ModelRunner:
         ]
 
     def free(self, sequences: Sequence[Request]) -> None:
+        """Return the requests' cache blocks; they leave the persistent step inputs."""
+        self.step_inputs.forget(sequences)
         for sequence in sequences:
             self.allocator.free(sequence.block_ids)
 
@@ -229,44 +266,82 @@ class ModelRunner:
         the order of ``sequences``.
 
         Backends read a batch as [decodes..., prefills...] (see AttentionMetadataBuilder);
-        the step orders it so, whatever order callers keep their sequences in.
+        the step orders it so, whatever order callers keep their sequences in.  A request
+        joins the persistent step inputs the first step it is in and leaves them when a
+        step goes on without it or it is freed.
         """
         if not sequences:
             raise ValueError("step() got no sequences; an empty batch must not reach the model")
-        # Stable: decodes (one uncached token) first, each group in the caller's order.
-        order = sorted(
-            range(len(sequences)),
-            key=lambda i: len(sequences[i].tokens) - sequences[i].num_cached > 1,
-        )
-        batch = [sequences[i] for i in order]
-        query_lens = [len(s.tokens) - s.num_cached for s in batch]
-        # Two tensors, not views of one packed copy: a view's storage offset would be
-        # guarded by Dynamo, and a trace with such a guard cannot be saved for warm starts.
-        input_ids = torch.tensor(
-            [t for s in batch for t in s.tokens[s.num_cached :]],
-            dtype=torch.long,
-            device=self.device,
-        )
-        positions = torch.tensor(
-            [p for s in batch for p in range(s.num_cached, len(s.tokens))],
-            dtype=torch.long,
-            device=self.device,
-        )
-        metadata = self.metadata_builder.build(
-            query_lens, [s.num_cached for s in batch], [s.block_ids for s in batch]
-        )
-        uniform_decode = all(q == 1 for q in query_lens)
-        hidden = self.execute(input_ids, positions, metadata, uniform_decode=uniform_decode)
+        query_lens = [len(s.tokens) - s.num_cached for s in sequences]
+        uniform_decode = max(query_lens) == 1
+        if uniform_decode:
+            order, batch = None, sequences
+        else:
+            # Stable: decodes (one uncached token) first, each group in the caller's order.
+            order = sorted(range(len(sequences)), key=lambda i: query_lens[i] > 1)
+            batch = [sequences[i] for i in order]
+            query_lens = [query_lens[i] for i in order]
+        num_tokens = sum(query_lens)
+        graphs = self._dispatch(num_tokens, uniform_decode)
+        inputs = self.step_inputs
+        buffers = inputs.buffers_for(graphs.padded_size)
+        inputs.write(buffers, batch, query_lens, uniform_decode=uniform_decode)
+        metadata = self._step_metadata(graphs, buffers, batch, query_lens, num_tokens)
+        padded = graphs.padded_size
+        if padded > num_tokens:
+            inputs.pad_inputs(buffers, num_tokens, padded)
+        num_rows = len(batch) if graphs.metadata_layout == MetadataLayout.AS_BUILT else padded
+        buffers.upload(padded, num_rows)
+        hidden = self._run(graphs, *buffers.model_inputs(padded), metadata)
         for sequence in batch:
             sequence.num_cached = len(sequence.tokens)
-        # Decode steps, the common case, skip the gathers: each request's last token is its
-        # only row, and callers mostly keep decodes first already.
-        if not uniform_decode:
-            hidden = hidden[metadata.query_start_loc[1:].long() - 1]
-        logits = self.model.compute_logits(hidden)
+        if uniform_decode:
+            # Decode steps, the common case, skip the gathers: each request's last token is
+            # its only row, in the caller's order.
+            return self.model.compute_logits(
+                hidden if padded == num_tokens else hidden[:num_tokens]
+            )
+        last_rows = buffers.metadata.query_start_loc[1 : len(batch) + 1].long() - 1
+        logits = self.model.compute_logits(hidden[last_rows])
+        assert order is not None
         if order == list(range(len(order))):
             return logits
         return logits[torch.tensor(order, device=logits.device).argsort()]
+
+    def _step_metadata(
+        self,
+        graphs: StepGraphs,
+        buffers: StepBuffers,
+        batch: Sequence[Request],
+        query_lens: Sequence[int],
+        num_tokens: int,
+    ) -> AttentionMetadata:
+        """The step's metadata over ``buffers`` (written for ``batch`` already), laid out
+        as ``graphs.metadata_layout`` says: as written, or padded for a FULL graph."""
+        num_reqs = len(batch)
+        if graphs.metadata_layout == MetadataLayout.AS_BUILT:
+            num_decodes = num_reqs if graphs.uniform_decode else query_lens.count(1)
+            return self.metadata_builder.from_buffers(
+                buffers.metadata_views(num_reqs, num_tokens),
+                num_reqs=num_reqs,
+                num_tokens=num_tokens,
+                num_decodes=num_decodes,
+                max_query_len=max(query_lens),
+                max_seq_len=max(len(s.tokens) for s in batch),
+            )
+        static = self.static_metadata
+        assert static is not None
+        padded = graphs.padded_size
+        # Padding requests take the rows after the real ones, on the scratch block.
+        buffers.forget_rows(range(num_reqs, padded))
+        if graphs.metadata_layout == MetadataLayout.UNIFORM_DECODE:
+            return static.pad_uniform_decode(
+                padded, num_reqs, buffers.host_metadata, self.step_inputs.arange
+            )
+        buffers.decode_starts = 0  # the general layout's query starts are its own
+        return static.pad_general(
+            padded, num_reqs, num_tokens, buffers.host_metadata, self.step_inputs.arange
+        )
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
         """Greedy continuation of each prompt by ``max_new_tokens`` (at least 1) tokens,

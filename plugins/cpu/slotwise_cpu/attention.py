@@ -16,6 +16,8 @@ tokens on an AVX2 host than the core's token-major layout; see docs/benchmarks.m
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -78,7 +80,8 @@ class CpuSdpaImpl(AttentionImpl):
                 metadata.slot_mapping,
             )
             return
-        _write(k[:num_tokens], v[:num_tokens], kv_cache, metadata.slot_mapping)
+        plan = _step_plan(metadata, kv_cache.shape[1], kv_cache.shape[3])
+        _write(k[:num_tokens], v[:num_tokens], kv_cache, plan)
         key_cache, value_cache = kv_cache.unbind(0)
         split = metadata.split  # sliced once per step, for every layer
         if num_decodes and kernel:
@@ -98,12 +101,10 @@ class CpuSdpaImpl(AttentionImpl):
                 split.decode_block_table,
                 split.decode_seq_lens,
             )
-        starts = metadata.query_start_loc.tolist()
-        seq_lens = metadata.seq_lens.tolist()
         for r in range(num_decodes, metadata.num_reqs):
-            start, end = starts[r], starts[r + 1]
+            start, end = plan.starts[r], plan.starts[r + 1]
             output[start:end] = self._prefill(
-                q[start:end], key_cache, value_cache, metadata.block_table[r], seq_lens[r]
+                q[start:end], key_cache, value_cache, metadata.block_table[r], plan.seq_lens[r]
             )
 
     def _decode(
@@ -168,19 +169,42 @@ def _gather(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     return cache.transpose(0, 1)[:, blocks].flatten(2, 3).transpose(0, 1)
 
 
-def _write(
-    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    """Store ``key``/``value`` [num_tokens, num_kv_heads, head_size] at ``slot_mapping``
+@dataclass(frozen=True)
+class _StepPlan:
+    """What every layer of a mixed step shares: where the new tokens go (checked against
+    the cache size) and the requests' query rows and lengths on the host."""
+
+    blocks: torch.Tensor
+    offsets: torch.Tensor
+    starts: list[int]
+    seq_lens: list[int]
+
+
+def _step_plan(metadata: AttentionMetadata, num_blocks: int, block_size: int) -> _StepPlan:
+    """The step's plan for caches of ``num_blocks`` blocks of ``block_size``, worked out
+    by the step's first layer (``metadata.step_cache``) and reused by the others."""
+    key = ("CPU_SDPA", num_blocks, block_size)
+    plan = metadata.step_cache.get(key)
+    if plan is None:
+        slot_mapping = metadata.slot_mapping
+        if slot_mapping.numel():
+            low, high = int(slot_mapping.min()), int(slot_mapping.max())
+            if low < 0 or high >= num_blocks * block_size:
+                raise IndexError(
+                    f"CPU_SDPA: slot_mapping holds slots {low} to {high}, outside this "
+                    f"cache's 0 to {num_blocks * block_size - 1}"
+                )
+        plan = metadata.step_cache[key] = _StepPlan(
+            blocks=slot_mapping // block_size,
+            offsets=slot_mapping % block_size,
+            starts=metadata.query_start_loc.tolist(),
+            seq_lens=metadata.seq_lens.tolist(),
+        )
+    return plan
+
+
+def _write(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, plan: _StepPlan) -> None:
+    """Store ``key``/``value`` [num_tokens, num_kv_heads, head_size] at the plan's slots
     in the head-major cache (the core's ``write_to_kv_cache`` writes its token-major one)."""
-    _, num_blocks, _, block_size, _ = kv_cache.shape
-    if slot_mapping.numel():
-        low, high = int(slot_mapping.min()), int(slot_mapping.max())
-        if low < 0 or high >= num_blocks * block_size:
-            raise IndexError(
-                f"CPU_SDPA: slot_mapping holds slots {low} to {high}, outside this cache's "
-                f"0 to {num_blocks * block_size - 1}"
-            )
-    blocks, offsets = slot_mapping // block_size, slot_mapping % block_size
-    kv_cache[0].transpose(1, 2)[blocks, offsets] = key
-    kv_cache[1].transpose(1, 2)[blocks, offsets] = value
+    kv_cache[0].transpose(1, 2)[plan.blocks, plan.offsets] = key
+    kv_cache[1].transpose(1, 2)[plan.blocks, plan.offsets] = value

@@ -25,6 +25,7 @@ SCRIPT = textwrap.dedent(
     from triton.compiler import ASTSource
 
     from slotwise_cuda.kernels import activation, attention, layernorm, rotary
+    from slotwise_cuda.kernels.bound_launch import KernelLauncher
 
     TARGETS = [GPUTarget("cuda", 86, 32), GPUTarget("cuda", 90, 32)]
     SHARED_LIMIT = 99 * 1024  # per block on sm_86 / sm_89
@@ -48,8 +49,10 @@ SCRIPT = textwrap.dedent(
             signature, constexprs = {}, {}
             for param in self.fn.params:
                 value = values[param.name]
-                # A real launch turns integer arguments equal to 1 into constants too.
-                if param.is_constexpr or (type(value) is int and value == 1):
+                # A real launch turns integer arguments equal to 1 into constants too,
+                # unless the kernel says not to specialise on them.
+                one = type(value) is int and value == 1 and not param.do_not_specialize
+                if param.is_constexpr or one:
                     signature[param.name] = "constexpr"
                     constexprs[param.name] = value
                 elif isinstance(value, torch.Tensor):
@@ -70,10 +73,13 @@ SCRIPT = textwrap.dedent(
         (rotary, "_rotary_kernel"),
     ]:
         Recorder(module, name)
+    # The attention kernel launches through its launcher, which takes a stand-in that is
+    # no JITFunction through the JIT path, i.e. into the recorder.
+    attention._paged_attention_launcher = KernelLauncher(attention._paged_attention_kernel)
 
     # Prefill in fp32 at head size 128 needs the most shared memory. In bf16 at head size
-    # 80 with 8 query heads per KV head, the padded and low-precision paths; there a
-    # single sequence, whose count becomes a constant (the binary search folds away).
+    # 80 with 8 query heads per KV head, the padded and low-precision paths, on a
+    # single sequence.
     i32 = torch.int32
     table = torch.zeros(2, 4, dtype=i32)
     seq_lens = torch.tensor([3, 30], dtype=i32)

@@ -1,14 +1,9 @@
 """The compile cache: each distinct piece is compiled once per process, and once per machine.
 
-One :class:`CompileCache` serves one compiled Dynamo graph of a model. Identical pieces
-(the layers of a transformer) share one compile in memory; with a compiler that can save
-its output, a second process with the same model and config loads instead of compiling.
-The directory is named by a hash of everything that changes compiled code, so caches of
-different models, configs, torch versions or devices (``Platform.device_identity``) never
-see each other's entries. A damaged or
-unreadable entry is recompiled and overwritten; it never yields a wrong result. Entries
-are code: a cache folder or entry that another user could have written is not used at all
-(see :mod:`slotwise.cache_permissions`).
+One :class:`CompileCache` serves one compiled Dynamo graph: identical pieces share one
+compile, and a second process loads what a persisting compiler saved.  The directory is
+named by a hash of everything that changes compiled code; a damaged entry is recompiled,
+and an entry another user could have written is never used.
 """
 
 from __future__ import annotations
@@ -54,13 +49,8 @@ _Result = TypeVar("_Result")
 
 
 class CompileCache:
-    """Compiles graph pieces through ``compiler``, reusing earlier results where it can.
-
-    ``factors`` identify what the caller compiles (the model's traced source, the platform
-    name); the slotwise and torch versions, the config hash, the compiler's hash and the
-    device's identity are added here. Disk is used only when the cache is enabled and the
-    compiler can persist.
-    """
+    """Compiles graph pieces through ``compiler``, reusing earlier results where it can;
+    ``factors`` identify what the caller compiles, the versions and hashes are added here."""
 
     def __init__(
         self, config: CompilationConfig, compiler: Compiler, *, factors: dict[str, str]

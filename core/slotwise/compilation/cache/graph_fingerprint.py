@@ -1,11 +1,8 @@
 """Structural fingerprints of graph pieces: the compile cache's key.
 
-The layers of a transformer become pieces that differ only in names (Dynamo lifts each
-layer's weights as inputs named after the layer), and one compiled artifact serves them
-all. So nodes are named by position and symbolic sizes by order of appearance, while
-everything that can change the compiled code is kept: ops, targets, argument wiring,
-literals, constant tensors' contents, the inputs' dtypes, ranks, sizes, strides and
-devices, and the runtime shape. Object ids and addresses never enter the hash.
+A transformer's layers become pieces that differ only in names, so nodes are named by
+position and symbolic sizes by order, while everything that can change the compiled code
+is kept; object ids and addresses never enter the hash.
 """
 
 from __future__ import annotations
@@ -48,12 +45,8 @@ def fingerprint(
 def _shape_sources(
     graph: fx.GraphModule, example_inputs: Sequence[Any], runtime_shape: int | None
 ) -> list[Any]:
-    """What the compiled code's shapes depend on, one per input.
-
-    For the general shape Dynamo hands over the first call's real tensors, whose concrete
-    batch size means nothing: the symbolic sizes recorded on the placeholders are what the
-    code is compiled for. A specialised compile depends on the real inputs themselves.
-    """
+    """What the compiled code's shapes depend on, one per input: the placeholders'
+    symbolic sizes for the general shape, the real inputs for a specialised compile."""
     placeholders = [node for node in graph.graph.nodes if node.op == "placeholder"]
     if runtime_shape is not None or len(placeholders) != len(example_inputs):
         return list(example_inputs)

@@ -1,14 +1,8 @@
 """What compiled code is specialised to on this machine, for cache keys and folders.
 
-Inductor writes its C++ code for the vector ISA it picks on this CPU and its device code
-for the platform's device, while a cache under the home folder may be shared by several
-machines (a network home) or copied to another one. Loaded on a CPU that picks another
-ISA, or on another device generation, such code computes wrong numbers without an
-error, so whatever is keyed on compiled code is keyed on these too.
-
-The host CPU is read here, on every platform: host code runs on it whatever the device.
-The device is described by its platform (``Platform.device_identity``); the core never
-probes a vendor's device itself.
+Code compiled for one CPU's vector ISA or one device generation computes wrong numbers
+silently on another, and a cache may be shared, so compiled code is keyed on these.  The
+device is described by its platform (``Platform.device_identity``).
 """
 
 from __future__ import annotations

@@ -1,36 +1,11 @@
 """Inductor's caches kept where slotwise trusts them: beside slotwise's own, or private.
 
-A slotwise cache entry for an Inductor piece holds the piece's generated code, not the
-C++ or Triton kernels that code builds: a new process finds those in Inductor's cache
-folder or compiles them again (a minute for the ``small`` preset on two cores, longer
-than the cold start). Inductor's default folder is under the system's temporary folder,
-which a reboot or a temp cleaner empties while slotwise's cache, under the home folder,
-stays; every "warm" start after that would be a slow one. So, as vLLM does with its own
-cache, slotwise points Inductor at ``<cache root>/inductor`` (private like the rest of its
-cache) before Inductor first runs in the process, unless ``TORCHINDUCTOR_CACHE_DIR`` is
-set: a folder the user chose is kept.
-
-Inductor's folder holds code it runs: it imports the generated ``.py`` files it finds
-there and loads their libraries, without asking who wrote them. The default folder's
-name (``torchinductor_<user>``) is known in advance, so another local user can create it
-first and plant code in it, or create a link by that name and re-point it once checked.
-Inductor is therefore never left on a folder slotwise does not trust, and is only ever
-handed the real path that :mod:`slotwise.cache_permissions` checked, never a link: when
-neither the cache root nor the chosen folder passes, its caches go to a fresh private
-folder of this process, removed at exit (nothing compiled is kept for the next process).
-The same goes for ``TRITON_CACHE_DIR``.
-
-Inductor fills a disk quickly (its precompiled C++ headers alone take about 150 MiB), and a
-compile that runs out of space ends in a long compiler traceback. So a folder on a disk
-with too little room left is not used either, and where a compile runs out of space all
-the same its caches move to the private folder and the compile is tried once more; only
-where that folder has no room either does the run stop, with one line saying where.
-
-Inductor's own cache keys its generated code on the graph and its settings, not on the
-CPU's vector ISA, which was harmless in a folder no other machine sees. A cache root
-under the home folder may be shared by machines (a network home), so each kind of
-machine gets its own folder, named by a hash of the CPU, ``ATEN_CPU_CAPABILITY`` and
-the platform's device (:mod:`slotwise.compilation.cache.hardware_identity`).
+slotwise's entries hold a piece's generated code, not the kernels it builds, so Inductor's
+folder must outlive a reboot: it goes to ``<cache root>/inductor/<machine>`` unless
+``TORCHINDUCTOR_CACHE_DIR`` is set.  Inductor runs the code it finds there, so it is only
+handed a real path :mod:`slotwise.cache_permissions` trusts (the same for
+``TRITON_CACHE_DIR``), and a folder on a disk without room is not used; otherwise its
+caches go to a private folder of this process, removed at exit.
 """
 
 from __future__ import annotations
@@ -93,15 +68,8 @@ class CacheDiskFullError(SlotwiseError, RuntimeError):
 def place_inductor_cache(cache_root: str | None) -> str:
     """Point Inductor's caches at a folder slotwise trusts; the folder they will use.
 
-    That is ``TORCHINDUCTOR_CACHE_DIR`` when set and trusted, else
-    ``cache_root/inductor/<machine>`` when it is trusted, else (and when ``cache_root``
-    is None: the compile cache is off) a private temporary folder of this process; each
-    as its real path, and the private folder instead where the disk has too little room.
-    Raises :class:`CacheDiskFullError` when the private folder's disk has none either.
-
-    Inductor reads the variable each time it needs its folder, and sets it to its default
-    the first time (importing Dynamo does): so this runs before Dynamo is imported, and a
-    process that imported Dynamo before keeps Inductor's default folder if it is trusted.
+    ``cache_root`` None (the compile cache is off) means the private folder.  Runs before
+    Dynamo is imported, which sets the variable to Inductor's default.
     """
     chosen = os.environ.get(INDUCTOR_CACHE_ENV)
     if chosen and chosen == _placed:
@@ -155,11 +123,7 @@ def compile_ran_out_of_space(error: BaseException) -> bool:
 
 def move_off_full_disk() -> str:
     """After a compile ran out of space in Inductor's folder: move Inductor's caches to
-    this process's private folder, precompiled headers off, with one warning; the folder.
-
-    Raises :class:`CacheDiskFullError` when Inductor was in the private folder already,
-    or that folder has too little room.
-    """
+    this process's private folder, precompiled headers off, with one warning; the folder."""
     full = os.environ.get(INDUCTOR_CACHE_ENV, "")
     if full and full == _private:
         raise CacheDiskFullError(_no_room_message(full, f"it ran out of space, {_room(full)}"))
@@ -176,15 +140,9 @@ def move_off_full_disk() -> str:
 
 
 def place_precompiled_headers() -> None:
-    """Keep Inductor's precompiled C++ headers in its cache folder too, or switch them off
-    (one warning) where that folder's disk has too little room for them.
-
-    Inductor writes them under its *default* folder whatever ``TORCHINDUCTOR_CACHE_DIR``
-    says, and compiles every CPU kernel with the ``.gch`` it finds there: a header planted
-    in that shared folder would be built into every kernel. Where this torch keeps them
-    elsewhere than this knows, precompiling is switched off for the process instead.
-    Imports Inductor: called where Inductor is about to compile anyway.
-    """
+    """Keep Inductor's precompiled C++ headers in its cache folder too (Inductor writes them
+    under its shared default folder whatever the variable says), or switch them off where
+    that folder's disk has too little room or this torch keeps them elsewhere."""
     from torch._inductor import codecache
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
@@ -213,9 +171,7 @@ def place_precompiled_headers() -> None:
 
 def _usable_folder(path: str, root: str) -> tuple[str, str | None]:
     """The real path of ``path`` (inside the cache ``root``), created private, and why it
-    may not be used (``"is not trusted: ..."``, ``"cannot be used: ..."``; None when it
-    may): checked before creating anything, so an untrusted root gets no new folder, and
-    again after, for one created meanwhile by someone else."""
+    may not be used (None when it may); checked before creating it and again after."""
     real, reason = resolve_trusted_directory(path, root)
     if reason is not None:
         return real, f"is not trusted: {reason}"

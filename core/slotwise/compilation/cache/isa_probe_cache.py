@@ -1,12 +1,8 @@
 """Inductor's CPU vector-ISA probe, answered from disk after its first run on a machine.
 
-Every process that loads or compiles a CPU artifact asks Inductor which vector ISAs work;
-Inductor answers by starting one Python subprocess per candidate ISA to ``dlopen`` a probe
-library (about 0.3-1 s each on a busy machine). The answer depends only on that library,
-the interpreter that loads it, torch's own libraries and the CPU, so it is stored keyed by
-all four (the library by the SHA-256 of its bytes): any change asks again. The answers
-live in the compile cache root and follow its trust rule: under a root another user could
-have written, nothing is read or written, and Inductor probes as it would without slotwise.
+Inductor starts one subprocess per candidate ISA (0.3-1 s each); the answer depends only
+on the probe library, the interpreter, torch's libraries and the CPU, so it is stored
+keyed by all four, under the cache root's trust rule.
 """
 
 from __future__ import annotations
@@ -38,12 +34,8 @@ _installed_root: str | None = None
 
 
 def install_isa_probe_cache(cache_root: str) -> None:
-    """Answer Inductor's ISA probes from ``cache_root/isa_probe`` (once per process).
-
-    Does nothing, with a debug line, on a torch whose probe is not the one this wraps, and
-    with an info line when ``cache_root`` or its ``isa_probe`` folder is not trusted (the
-    warning that the root is refused comes from where Inductor's caches are placed).
-    """
+    """Answer Inductor's ISA probes from ``cache_root/isa_probe`` (once per process); does
+    nothing on another torch's probe or an untrusted folder."""
     global _installed_root
     if _installed_root is not None:
         return

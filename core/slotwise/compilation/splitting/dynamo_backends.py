@@ -14,6 +14,7 @@ from slotwise.compilation.cache.compile_cache import CompileCache
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.compilers import Compiler, check_inductor_targets, make_compiler
 from slotwise.compilation.config import CompilationConfig, GraphMode
+from slotwise.compilation.direct_entry import traced_inputs_now
 from slotwise.compilation.splitting.fx_split import split_graph
 from slotwise.compilation.splitting.inductor_partition import (
     PartitionedInductorCompiler,
@@ -26,6 +27,7 @@ from slotwise.compilation.static_graphs.wrapper import (
     graph_wrapper_cls,
     piecewise_backend_cls,
 )
+from slotwise.compilation.warm_start.paths import Path, Unpersistable
 from slotwise.compilation.warm_start.store import WarmStartStore
 from slotwise.platforms import Platform, get_current_platform
 
@@ -88,6 +90,12 @@ class TraceOnceBackend:
             else make_compiler(config.backend, config)
         )
         self.graphs_compiled = 0
+        # For the direct entry: the compiled graph, its inputs' paths and traced values
+        # (or why they cannot be fetched without Dynamo), and the first call's outputs.
+        self.compiled: Callable[..., Any] | None = None
+        self.graph_inputs: tuple[list[Path], list[Any]] | None = None
+        self.no_direct_entry = ""
+        self.first_outputs: list[Any] | None = None
 
     def _new_cache(self) -> CompileCache:
         factors = dict(self.cache_factors, graph_index=str(self.graphs_compiled))
@@ -98,8 +106,31 @@ class TraceOnceBackend:
         counters.bump("num_graphs_seen")
         if self.warm_start is not None:
             self.warm_start.capture(graph)
+        try:
+            self.graph_inputs = traced_inputs_now(graph)
+        except Exception as err:  # noqa: BLE001 - never fail the compile over the entry
+            self.no_direct_entry = str(err) if isinstance(err, Unpersistable) else repr(err)
         compiled = self.build(graph, example_inputs)
-        return compiled if self.warm_start is None else self.warm_start.probe_outputs(compiled)
+        self.compiled = compiled
+        return self._noting_first_outputs(compiled)
+
+    def _noting_first_outputs(self, compiled: Callable[..., Any]) -> Callable[..., Any]:
+        """``compiled``, keeping its first call's outputs: how the forward's result is
+        built from them is what the direct entry and the warm-start store reproduce."""
+        backend = self
+
+        def run(*args: Any) -> Any:
+            outputs = compiled(*args)
+            if backend.first_outputs is None:
+                backend.first_outputs = list(outputs) if isinstance(outputs, (tuple, list)) else []
+            return outputs
+
+        return run
+
+    def take_first_outputs(self) -> list[Any] | None:
+        """The first call's graph outputs (None before it), kept no longer."""
+        outputs, self.first_outputs = self.first_outputs, []
+        return outputs
 
     def first_cache(self) -> CompileCache:
         """The compile cache the model's first (at levels 2 and 3: only) graph will use."""

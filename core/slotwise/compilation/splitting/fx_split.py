@@ -4,6 +4,10 @@ Every splitting op gets a piece of its own (consecutive ones share one) and runs
 eagerly; the pieces between them are "capturable": compiled, and captured as
 static graphs on platforms that have them.  A graph with N separated splitting
 ops that starts and ends with other work yields 2N+1 pieces, N+1 capturable.
+
+The attention op's pieces are then inlined into the split graph, each call of the op
+replaced by a plain call of its layer's ``LayerAttention`` (``call_attention_directly``):
+the same work without torch's dispatcher or a piece's own forward in between.
 """
 
 from __future__ import annotations
@@ -89,4 +93,59 @@ def split_graph(
                 is_splitting=partition_id in splitting_partitions,
             )
         )
+    call_attention_directly(split, [piece for piece in pieces if piece.is_splitting])
     return split, pieces
+
+
+#: The attention op's arguments, in the schema's order.
+_ATTENTION_ARGS = ("q", "k", "v", "out", "layer_name")
+
+
+def call_attention_directly(split: torch.fx.GraphModule, splitting: list[Piece]) -> None:
+    """Inline every splitting piece of ``split`` that calls the attention op, each call
+    becoming one of ``LayerAttention(layer_name)(q, k, v, out)``.
+
+    Only pieces whose results nobody reads and that hold nothing but op calls are
+    inlined (the attention op returns nothing: it writes ``out``); their ``Piece``
+    entries keep the graphs as split, and the split module drops them.  The op stays
+    what Dynamo records and what the saved traces hold, so compile-cache and warm-start
+    entries are keyed by layer name as before.
+    """
+    if not splitting:
+        return
+    from slotwise.attention.ops import UNIFIED_ATTENTION_OP, layer_attention
+
+    def attention_args(node: torch.fx.Node) -> tuple[Any, ...] | None:
+        """The op's five arguments at ``node`` (a constant layer name), else None."""
+        if node.op != "call_function" or UNIFIED_ATTENTION_OP not in op_names(node.target):
+            return None
+        missing = _ATTENTION_ARGS[len(node.args) :]
+        if any(name not in node.kwargs for name in missing):
+            return None
+        args = (*node.args, *(node.kwargs[name] for name in missing))
+        return args if isinstance(args[-1], str) else None
+
+    pieces = {piece.name: piece for piece in splitting}
+    inlined = False
+    for outer in list(split.graph.find_nodes(op="call_module")):
+        piece = pieces.get(str(outer.target))
+        if piece is None or outer.users or outer.kwargs:
+            continue
+        inner = [n for n in piece.graph.graph.nodes if n.op not in ("placeholder", "output")]
+        calls = [attention_args(node) for node in inner]
+        if not any(calls) or any(node.op != "call_function" for node in inner):
+            continue
+        env = dict(zip(piece.graph.graph.find_nodes(op="placeholder"), outer.args, strict=True))
+        with split.graph.inserting_before(outer):
+            for node, args in zip(inner, calls, strict=True):
+                if args is None:
+                    env[node] = split.graph.node_copy(node, env.__getitem__)
+                    continue
+                *tensors, layer_name = torch.fx.map_arg(args, env.__getitem__)
+                env[node] = split.graph.call_function(layer_attention(layer_name), tuple(tensors))
+                env[node].meta = dict(node.meta)
+        split.graph.erase_node(outer)
+        split.delete_submodule(piece.name)
+        inlined = True
+    if inlined:
+        split.recompile()

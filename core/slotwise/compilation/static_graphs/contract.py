@@ -1,18 +1,10 @@
 """The static-graph contract shared by every graph platform (CUDA graphs, NPU graphs).
 
-A captured graph replays fixed kernels on fixed addresses, so:
-- replays read inputs from the addresses seen at capture; a moved input is detected
-  on the first replay of each size (every replay with ``debug_checks``) and raises
-  ``StaticGraphError``;
-- replays write their results in place into the tensors the capture returned; a replay
-  that leaves them alone (its results went to new tensors) is detected on the replay
-  right after each capture (every replay with ``debug_checks``) and raises
-  ``StaticGraphError`` naming the ``GraphAPI``;
-- capture happens only after warm-up runs, and, once a runner has captured the
-  sizes it serves (the capture window), never again at run time;
-- which graph acts in a step (none, the pieces', or the full model's) is decided in
-  one place, the model's ``GraphDispatcher``, and each wrapper acts only in steps of
-  its own mode, so nested wrappers never both capture.
+A captured graph replays fixed kernels on fixed addresses, so a moved input and a
+replay that does not write the captured outputs raise ``StaticGraphError`` (checked on
+the first replay of each size, every replay with ``debug_checks``); capture comes after
+warm-ups and never after the runner's capture window; one ``GraphDispatcher`` decides
+which graph acts in a step.
 """
 
 from __future__ import annotations
@@ -30,12 +22,8 @@ class StaticGraphError(SlotwiseError, RuntimeError):
 
 
 class _CaptureWindow:
-    """Process-wide state: is capturing allowed right now?
-
-    ``None``: no runner has taken charge, captures happen lazily on first use (tests,
-    simple scripts).  ``True``: a runner is capturing.  ``False``: the runner is done;
-    a capture now would stall a serving step, and means a size was missed.
-    """
+    """Process-wide state: is capturing allowed right now?  ``None``: no runner has taken
+    charge (lazy captures); ``True``: a runner is capturing; ``False``: it is done."""
 
     def __init__(self) -> None:
         self.state: bool | None = None
@@ -73,12 +61,8 @@ def check_capture_allowed(what: str, size: int) -> None:
 
 
 def graph_inputs(args: Sequence[Any]) -> list[Any]:
-    """The values a graph reads, in order: the arguments, with lists and tuples opened.
-
-    An Inductor partition takes all its inputs as one list, which it empties as it runs
-    (so that it may free them): take them before the call, and look inside the list, or
-    the checks below see no tensor at all.
-    """
+    """The values a graph reads, in order: the arguments, with lists and tuples opened
+    (an Inductor partition takes its inputs as one list, which it empties as it runs)."""
     inputs: list[Any] = []
     for arg in args:
         if isinstance(arg, (list, tuple)):
@@ -123,13 +107,8 @@ _MARKABLE = ("float16", "bfloat16", "float32", "float64")
 
 
 class OutputsProbe:
-    """Finds out whether a replay wrote into the captured outputs.
-
-    Before the replay it fills the floating-point outputs with a marker, keeping their
-    values; after it, every output still holding only the marker gets its values back
-    (a piece may return a buffer that it never writes, such as the ``out`` of the
-    attention op after it).  Outputs sharing memory with an argument are left alone.
-    """
+    """Finds out whether a replay wrote into the captured outputs, by filling them with a
+    marker before it and restoring any that still hold only the marker after it."""
 
     def __init__(self, outputs: Any, args: Sequence[Any]) -> None:
         import torch

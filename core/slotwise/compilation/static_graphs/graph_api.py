@@ -1,13 +1,8 @@
 """``GraphAPI``: what a platform implements to have static graphs (CUDA graphs, NPU graphs).
 
-A platform returns one from ``Platform.get_graph_api()``; slotwise's own
-``StaticGraphWrapper`` and ``StaticGraphPiecewiseBackend`` run on top of it, so the
-static-graph contract (warm-ups, one capture per size, the input-address check, the
-capture window) is the same on every platform and a vendor writes only these few
-methods.  ``plugins/cuda/slotwise_cuda/graph_api.py`` (real CUDA graphs) and
-``slotwise.compilation.static_graphs.recorded_graph.RecordedGraphAPI`` (graphs simulated
-by recording torch ops, which ``plugins/ascend_stub`` uses) are the implementations in
-this repository.
+A platform returns one from ``Platform.get_graph_api()``; slotwise's wrappers run the
+static-graph contract on top of it, so a vendor writes only these few methods (see
+``slotwise_cuda.graph_api`` and ``recorded_graph.RecordedGraphAPI``).
 """
 
 from __future__ import annotations
@@ -67,12 +62,8 @@ class GraphAPI(Protocol):
 
 
 def weak_ref_tensors(outputs: Any) -> Any:
-    """Aliases of the tensors in ``outputs`` that do not keep their memory alive.
-
-    The last piece's outputs are held this way: the graph pool may then reuse that
-    memory for the next graph, instead of every captured size pinning its own copy.
-    The caller must consume an output before the next replay of the same graph.
-    """
+    """Aliases of the tensors in ``outputs`` that do not keep their memory alive, so the
+    pool may reuse it; consume an output before the next replay of the same graph."""
     import torch
     from torch.utils import _pytree as pytree
 

@@ -1,16 +1,9 @@
 """Static graphs recorded from torch's dispatcher: ``RecordedGraph`` and ``RecordedGraphAPI``.
 
-A device graph (a CUDA graph, an NPU graph) records the kernels its capture launches
-and replays exactly those kernels on the addresses they used.  Python does not run
-again, so every host value the capture read is frozen, and work that needs the host
-in the middle of device work (reading a value back, an output whose size depends on
-the data, a copy to the host, a tensor built from Python values) makes the capture fail.
-
-A ``RecordedGraph`` keeps that contract on any device, a host-only build included:
-``capture`` records the ops torch's dispatcher runs inside ``fn`` (and runs them, so it
-returns real outputs); ``replay`` runs exactly those ops again on the same tensor objects,
-writing every result in place into the tensor the capture produced.  Ops a device graph
-cannot capture raise ``StaticGraphError`` naming the op and what to do instead.
+A device graph replays exactly the kernels its capture launched, with every host value
+frozen; a ``RecordedGraph`` keeps that contract on any device by recording the ops the
+dispatcher runs and replaying them on the same tensors, and refuses what a device graph
+cannot capture with a ``StaticGraphError`` naming the op.
 """
 
 from __future__ import annotations
@@ -117,8 +110,7 @@ def _returns_work(func: Any) -> bool:
 
 def _wait_for_work(result: Any) -> None:
     """Wait for each ``Work`` handle in ``result``, as ``torch.distributed`` does after
-    dispatching a collective (outside the dispatcher, so never recorded); on a device the
-    stream orders the collective before the kernels that read its results."""
+    dispatching a collective (outside the dispatcher, so never recorded)."""
     import torch.distributed as dist
 
     for leaf in pytree.tree_leaves(result):
@@ -195,11 +187,8 @@ class _Recorder(TorchDispatchMode):
 
 def _new_tensors(result: Any, inputs: Any) -> tuple[tuple[int, torch.Tensor], ...]:
     """The tensors of ``result`` (with their index among its leaves) in memory none of
-    ``inputs`` uses: what a replay must copy its new results into.
-
-    Decided by memory, not by the op's schema: ``reshape``, ``contiguous`` or ``to`` are
-    declared as views yet copy when they must (which is what torch dispatches under
-    inference mode), and views, in-place and ``out=`` ops return memory already written.
+    ``inputs`` uses: what a replay must copy into.  Decided by memory, not the schema,
+    since ``reshape`` or ``to`` are declared as views yet copy when they must.
     """
     used = {
         leaf.untyped_storage().data_ptr()
@@ -309,8 +298,7 @@ class _Capture:
     def call_unrecorded(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        """``fn(*args, **kwargs)`` recorded as one step: nothing it dispatches is recorded
-        on its own, and a replay calls it again and copies its results into these."""
+        """``fn(*args, **kwargs)`` recorded as one step, not op by op."""
         _recording.active = None
         try:
             with _disable_current_modes():
@@ -323,11 +311,8 @@ class _Capture:
 
 def opaque_call(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)``; inside a ``RecordedGraph`` capture, recorded as one step that every
-    replay calls again, copying its results into the tensors this call returned.
-
-    For code whose work the dispatcher never sees, such as an Inductor-compiled piece
-    (its kernels are plain C++ or Triton calls): without this a replay would skip it.
-    Python inside ``fn`` runs again at each replay, so ``fn`` must depend only on ``args``.
+    replay calls again, for work the dispatcher never sees (an Inductor-compiled piece).
+    ``fn`` runs again at each replay, so it must depend only on ``args``.
     """
     capture = _active_capture()
     if capture is None:
@@ -386,9 +371,8 @@ class _TritonLaunches:
 
 
 def _launcher_classes() -> list[type]:
-    """Triton's launcher classes, importing Triton if it is installed and not imported yet:
-    a capture would import it anyway (torch imports Dynamo, and Dynamo Triton, as soon as
-    a Python dispatch mode runs), and only an imported class can be patched in time."""
+    """Triton's launcher classes, importing Triton if installed: a capture would import it
+    anyway, and only an imported class can be patched in time."""
     if "triton" not in sys.modules and importlib.util.find_spec("triton") is None:
         return []
     classes = []
@@ -425,13 +409,8 @@ class RecordedGraph:
         self.inference = False
 
     def capture(self, fn: Callable[[], Any], pool: Any, *, quiet: bool) -> Any:
-        """Run ``fn()``, recording its ops; return what it returned (the graph's outputs).
-
-        Raises ``StaticGraphError`` naming the op for work a device graph cannot capture;
-        a capture that raises leaves the graph empty, so it cannot be replayed.  ``pool``
-        and ``quiet`` are accepted for the ``StaticGraph`` protocol: the recording keeps
-        every tensor it touched alive, which is all a pool would do.
-        """
+        """Run ``fn()``, recording its ops; return its outputs.  A capture that raises
+        leaves the graph empty; ``pool`` and ``quiet`` only serve the protocol."""
         if self.steps is not None:
             raise StaticGraphError(
                 "RecordedGraph.capture() called on a graph that is already captured; "
@@ -475,36 +454,14 @@ class RecordedGraphAPI:
     """Static graphs simulated by recording torch ops: a ``GraphAPI`` for any device.
 
     A vendor returns one from ``Platform.get_graph_api()`` on a build without its device
-    graph SDK (a host-only development build, as the ``ascend_stub`` plugin does) and
-    gets the contract of a real device graph, checked: a replay runs exactly the ops the
-    capture ran, on the same tensors, so host values are frozen at capture, new data must
-    be copied into the captured input tensors, and results are written into the captured
-    outputs.  Host syncs (``.item()``, ``.tolist()``, ``nonzero``, boolean-mask indexing),
-    copies to the host and tensors built from Python values raise ``StaticGraphError``
-    during capture, naming the op.
+    graph SDK (as the ``ascend_stub`` plugin does) and gets a real device graph's contract,
+    checked: host values frozen at capture, new data copied into the captured inputs, and
+    host syncs, copies to the host and tensors built from Python values refused.
 
-    What is recorded how: aten ops one by one; ops with a Python kernel
-    (``torch.library.custom_op``, ``Library.impl``) through the ops inside them, so their
-    Python (reading the forward context, say) runs once, at capture; other custom ops
-    (compiled kernels) whole, run again with the captured arguments; Triton launches made
-    on the capturing thread as launches, repeated with the captured arguments;
-    ``torch.distributed`` collectives (``c10d`` ops) as ops, each replay waiting for them
-    to finish, as ``torch.distributed`` itself does after starting one.
-    ``torch.compile``'d functions called inside a capture run eagerly (Dynamo steps aside
-    while a dispatch mode is active), so their ops are recorded one by one.
-
-    Invisible: work that bypasses the dispatcher, such as Inductor-compiled code called
-    directly or a C++ extension function that is not a torch op.  A replay would not redo
-    it, so it must go through ``opaque_call``, which records the call as one step (the
-    piecewise backends do this for Inductor's pieces).  Host reads of CPU tensors
-    (``.tolist()``, ``.numpy()``, ``.cpu()``) never reach the dispatcher and are refused by
-    name; ``.to("cpu")`` of a CPU tensor is a no-op that cannot be told from a move to the
-    same device, so it passes on a host-only build.  Random ops draw new numbers at each
-    replay, as CUDA graphs do.  Every tensor the capture touched stays alive as long as
-    the graph, as in a device graph's private pool.
-
-    It counts what it did, for tests: ``captures`` (one dict of ``pool`` and ``quiet`` per
-    capture), ``replays`` and ``weak_refs``.
+    Aten ops are recorded one by one, Python-kernel ops through the ops inside them, other
+    custom ops, Triton launches and c10d collectives whole.  Work that bypasses the
+    dispatcher (Inductor code called directly) must go through ``opaque_call``.  It counts
+    ``captures``, ``replays`` and ``weak_refs`` for tests.
     """
 
     def __init__(self) -> None:
@@ -520,7 +477,6 @@ class RecordedGraphAPI:
         return self._pool
 
     def weak_ref(self, outputs: Any) -> Any:
-        """``outputs`` unchanged: the recording holds them, and there is no pool to give
-        their memory back to."""
+        """``outputs`` unchanged: the recording holds them, and there is no pool."""
         self.weak_refs += 1
         return outputs

@@ -4,8 +4,9 @@ Dynamo names every value it reads (a graph input, a guarded constant) by a sourc
 object of its own that only its running frame can evaluate. The cold process writes each
 source down as a path that pickles: a root in the call's frame, then attribute, item and
 size lookups. A warm process follows paths on its own: each check's once, when it loads
-the trace (:func:`path_resolver`), and the graph inputs' on every call, through one
-compiled expression (:func:`gatherer`).
+the trace (:func:`path_resolver`), and the graph inputs' through one compiled expression
+(:func:`gatherer`); calls then fetch the inputs through the direct entry, which reads the
+same paths.
 """
 
 from __future__ import annotations

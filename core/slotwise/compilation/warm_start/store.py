@@ -5,7 +5,8 @@ small: the FX graph, and bytecode that fetches the graph's inputs (the call's ar
 the module's weights, a size or two) and returns the graph's output. The cold process
 saves the graph with the symbolic sizes of its inputs (``torch.fx``'s ``GraphPickler``)
 and where each input comes from; a warm process loads that, runs the slotwise backend on
-it (splitting, and the pieces from the compile cache) and fetches the inputs itself.
+it (splitting, and the pieces from the compile cache) and calls it through the direct
+entry (:mod:`slotwise.compilation.direct_entry`), as a cold process does after its trace.
 
 A trace is only right for what Dynamo assumed while making it: the Python constants it
 baked into the graph (a config object's eps, a global read from the environment, a
@@ -46,9 +47,15 @@ import torch.fx as fx
 
 from slotwise import envs
 from slotwise.compilation.cache.compile_cache import CompileCache
+from slotwise.compilation.direct_entry import (
+    DirectEntry,
+    check_no_side_effects,
+    graph_input_paths,
+    output_kind,
+)
 from slotwise.compilation.warm_start.checks import aliased, failed_check, guard_checks
 from slotwise.compilation.warm_start.facts import plain_repr, unguarded_facts
-from slotwise.compilation.warm_start.paths import Unpersistable, gatherable, gatherer, path_of
+from slotwise.compilation.warm_start.paths import Unpersistable, gatherer
 
 logger = logging.getLogger("slotwise")
 
@@ -98,7 +105,6 @@ class WarmStartStore:
         self.entry_name = f"{ENTRY_PREFIX}-{module_structure_hash(module)[:24]}"
         self._captured: dict[str, Any] | None = None
         self._trace: Any = None  # Dynamo's OutputGraph, from capture to record_guards
-        self._graph_outputs: list[Any] | None = None
 
     # -- the cold process --------------------------------------------------------------
 
@@ -121,30 +127,16 @@ class WarmStartStore:
         except Exception as err:  # noqa: BLE001 - never fail the compile over the record
             self._not_saved(err)
 
-    def probe_outputs(self, compiled: Callable[..., Any]) -> Callable[..., Any]:
-        """``compiled``, noting the graph's outputs of its first call for :meth:`save`."""
-        if self._captured is None:
-            return compiled
-        store = self
-
-        def first_outputs(*args: Any) -> Any:
-            outputs = compiled(*args)
-            if store._graph_outputs is None:
-                store._graph_outputs = list(outputs) if isinstance(outputs, (tuple, list)) else []
-            return outputs
-
-        return first_outputs
-
-    def save(self, result: Any) -> None:
-        """Write the captured trace, once the first call through it returned ``result``."""
+    def save(self, result: Any, graph_outputs: list[Any] | None) -> None:
+        """Write the captured trace, once the first call through it returned ``result``
+        from the graph's ``graph_outputs``."""
         captured, self._captured, self._trace = self._captured, None, None
-        graph_outputs, self._graph_outputs = self._graph_outputs, None
         if captured is None or graph_outputs is None:
             return
         try:
             if "checks" not in captured:
                 raise Unpersistable("Dynamo did not hand over the trace's guards")
-            captured["output"] = _output_kind(result, graph_outputs)
+            captured["output"] = output_kind(result, graph_outputs)
             captured["facts"] = unguarded_facts()
             payload = _dumps(captured)
         except Exception as err:  # noqa: BLE001 - an unsaved trace only costs the next start
@@ -198,6 +190,15 @@ class WarmStartStore:
             with tracing(TracingContext(fake_mode)):
                 _propagate_meta(record["graph"], record["inputs"], fake_mode)
                 compiled = build(record["graph"], list(record["inputs"]))
+            entry = DirectEntry(
+                self.module,
+                self.signature,
+                compiled,
+                record["paths"],
+                record["inputs"],
+                record["output"],
+                self.scope,
+            )
         except Exception as err:  # noqa: BLE001 - whatever failed, tracing is correct
             logger.warning(
                 "warm start: saved trace %s could not be used (%s: %s); tracing with Dynamo "
@@ -208,7 +209,7 @@ class WarmStartStore:
             )
             return None
         logger.info("warm start: model rebuilt from its saved trace, without Dynamo")
-        return WarmForward(self.module, self.signature, gather, compiled, record["output"])
+        return entry
 
     def _stale_because(self, record: Any, arguments: dict[str, Any]) -> str:
         """Why the saved trace may not fit this call and process, or "" when it does."""
@@ -235,39 +236,6 @@ class WarmStartStore:
         bound = self.signature.bind(self.module, *args, **kwargs)
         bound.apply_defaults()
         return dict(bound.arguments)
-
-
-class WarmForward:
-    """Runs the rebuilt model: fetches the graph inputs as Dynamo's bytecode would."""
-
-    def __init__(
-        self,
-        module: torch.nn.Module,
-        signature: inspect.Signature,
-        gather: Callable[[dict[str, Any]], tuple[Any, ...]],
-        compiled: Callable[..., Any],
-        output: str,
-    ) -> None:
-        self.module = module
-        self.signature = signature
-        self.gather = gather
-        self.compiled = compiled
-        self.single_output = output == "single"
-        # Every step calls this: a call giving each parameter by position needs no bind.
-        parameters = signature.parameters.values()
-        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        plain = all(parameter.kind in positional for parameter in parameters)
-        self._names = [parameter.name for parameter in parameters] if plain else None
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._names is not None and not kwargs and len(args) + 1 == len(self._names):
-            arguments = dict(zip(self._names, (self.module, *args), strict=True))
-        else:
-            bound = self.signature.bind(self.module, *args, **kwargs)
-            bound.apply_defaults()
-            arguments = bound.arguments
-        outputs = self.compiled(*self.gather(arguments))
-        return outputs[0] if self.single_output else tuple(outputs)
 
 
 def module_structure_hash(module: torch.nn.Module) -> str:
@@ -308,21 +276,11 @@ def _capture(graph: fx.GraphModule) -> tuple[dict[str, Any], Any]:
     tx = InstructionTranslator.current_tx()
     if tx is None:
         raise Unpersistable("no Dynamo trace in progress")
-    _check_no_side_effects(tx)
+    check_no_side_effects(tx)
     _check_no_global_hooks()
-    inputs, paths = [], []
+    paths, inputs = graph_input_paths(graph, tx.output)
     for node in graph.graph.nodes:
-        if node.op == "placeholder":
-            grapharg = node.meta.get("grapharg")
-            value = node.meta.get("example_value")
-            if grapharg is None or value is None:
-                raise Unpersistable(f"graph input {node.name} has no recorded source")
-            path = path_of(grapharg.source, tx.output)
-            if not gatherable(path):
-                raise Unpersistable(f"graph input from {grapharg.source.name}")
-            paths.append(path)
-            inputs.append(value)
-        elif node.op in ("get_attr", "call_module"):
+        if node.op in ("get_attr", "call_module"):
             raise Unpersistable(f"the graph holds {node.op} {node.target!r}")
     captured = {
         "format": _FORMAT,
@@ -344,17 +302,6 @@ def _portable(graph: fx.GraphModule) -> fx.GraphModule:
     return shell
 
 
-def _check_no_side_effects(tx: Any) -> None:
-    effects = tx.output.side_effects
-    if effects.tensor_hooks or effects.save_for_backward:
-        raise Unpersistable("forward registers tensor hooks or saves tensors for backward")
-    # Objects created during the trace that do not escape (it is checked that the result
-    # is the graph's output) need no replay; a change to an existing object does.
-    for variable in effects.id_to_variable.values():
-        if getattr(variable, "source", None) is not None and effects.is_modified(variable):
-            raise Unpersistable(f"forward changes {variable.source.name}, which Dynamo replays")
-
-
 def _check_no_global_hooks() -> None:
     if _global_hooks_set():
         raise Unpersistable("torch.nn global module hooks are set")
@@ -364,19 +311,6 @@ def _global_hooks_set() -> bool:
     from torch.nn.modules import module as nn_module
 
     return any(getattr(nn_module, name, None) for name in _GLOBAL_HOOKS)
-
-
-def _output_kind(result: Any, graph_outputs: list[Any]) -> str:
-    """How Dynamo's bytecode built the forward's result from the graph's outputs."""
-    if len(graph_outputs) == 1 and result is graph_outputs[0]:
-        return "single"
-    if (
-        type(result) is tuple
-        and len(result) == len(graph_outputs)
-        and all(a is b for a, b in zip(result, graph_outputs, strict=True))
-    ):
-        return "tuple"
-    raise Unpersistable("forward's result is not the graph's output as is")
 
 
 def _traced_files() -> dict[str, str]:

@@ -1,15 +1,8 @@
 """The oracle of every attention check: attention written plainly, in float64.
 
-``causal_attention`` is the math of one request, dense and unpaged;
-``causal_attention_terms`` adds the magnitudes of what it adds up, from which
-``tolerance.attention_bound`` derives how far a correct kernel may be.
-``ReferenceAttention`` adds the paging around it: it keeps its own KV cache in the
-documented layout ``[2, num_blocks, block_size, num_kv_heads, head_size]``, stores
-each step's keys and values at the slot mapping and gathers a request's keys and
-values through its block table.  It reads only the core ``AttentionMetadata`` fields
-built by the core ``AttentionMetadataBuilder``, so it checks a backend whatever the
-layout of the backend's own cache and whatever extra fields the backend's metadata
-builder adds.
+``causal_attention`` is one request, dense; ``ReferenceAttention`` adds the paging, with
+its own KV cache in the documented layout, reading only the core ``AttentionMetadata``
+fields, so it checks a backend whatever its own cache layout and metadata.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The results of a conformance run, per test and per check, as plain JSON data.
-
-The pytest side (``session``) writes them; ``slotwise conformance`` reads them back
-from its pytest subprocess and summarises them.  Neither side needs the other's
-imports: this module uses only the standard library.
-"""
+"""The results of a conformance run, per test and per check, as plain JSON data, written
+by ``session`` and read by ``slotwise conformance``; only the standard library here."""
 
 from __future__ import annotations
 
@@ -21,11 +17,8 @@ OUTCOMES = ("error", "failed", "passed", "skipped")
 
 @dataclass
 class TestOutcome:
-    """One test of the suite: its check, its name, how it ended and, unless it passed, why.
-
-    ``not_run`` marks a skip that is no "does not apply": the check could not run on
-    this machine (``target.not_run``), which ``--require-all`` turns into a failure.
-    """
+    """One test of the suite: its check, its name, how it ended and, unless it passed, why
+    (``not_run``: a skip because the check could not run here, not because it does not apply)."""
 
     check: str
     name: str
@@ -52,11 +45,7 @@ class CheckSummary:
 
 
 def summarise(tests: list[TestOutcome]) -> list[CheckSummary]:
-    """One summary per check that has tests, in the suite's order.
-
-    A check passes when none of its tests failed or errored and at least one passed;
-    a check whose tests were all skipped is "skipped", not "passed".
-    """
+    """One summary per check that has tests, in the suite's order (all skipped: "skipped")."""
     summaries = []
     for check in sorted({t.check for t in tests}, key=_check_order):
         mine = [t for t in tests if t.check == check]
@@ -95,14 +84,8 @@ def _check_order(check: str) -> tuple[int, str]:
 
 @dataclass
 class RunningTest:
-    """The test in progress when the report was written: a process that ends in the
-    middle of a test (a crash, ``os._exit``, the time limit's last resort) leaves it in
-    the report, so ``slotwise conformance`` can say which test it was and what it called.
-
-    ``started`` is the wall-clock time (``time.time()``) the test began; ``calling`` the
-    platform call it was in, as ``target.calling`` names it, or ""; ``time_limit_s`` the
-    limit it ran under (0: none).
-    """
+    """The test in progress when the report was written, so a process that ends in the
+    middle of a test still names it, the platform call it was in and when it began."""
 
     nodeid: str
     check: str

@@ -1,21 +1,9 @@
 """``ConformanceSession``: the pytest plugin object active during a conformance run.
 
-Registered by ``slotwise.testing.pytest_plugin`` only when ``--slotwise-conformance``
-is given.  It runs the checks in the suite's order (cheap, fundamental ones first,
-so a broken interface shows before the failures it causes), records how each of
-the suite's tests ended, optionally writes that as a JSON report, and puts
-``SLOTWISE_PLATFORM`` back as it was when the session ends.
-
-A check that applies to the platform but cannot run here (``target.not_run``: the
-communicator with one visible device) is a skip to pytest, recorded as not run: the
-terminal summary names it, and with ``--slotwise-require-all`` it fails the session.
-
-Every failure names the platform: an exception a check did not catch (the platform's
-or the kit's own) fails its test as "platform 'NAME': unexpected ...", with its
-traceback.  Each test runs under a time limit (``time_limit``).  With a report path, the
-report is also written as each test starts, naming it (and the platform call it is in,
-``target.calling``): a process that ends in the middle of a test (``os._exit``, a crash
-in native code, the time limit's last resort) leaves behind which test it was.
+Registered with ``--slotwise-conformance``: runs the checks in the suite's order
+(fundamental ones first), each under a time limit, records how each test ended (a check
+that cannot run here as not run), writes the JSON report as each test starts and ends,
+and puts ``SLOTWISE_PLATFORM`` back at the end.  Every failure names the platform.
 """
 
 from __future__ import annotations

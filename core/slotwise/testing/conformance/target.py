@@ -1,12 +1,7 @@
 """The platform under test, and failure messages that name it.
 
-The pytest plugin sets ``SLOTWISE_PLATFORM`` from ``--slotwise-platform`` and
-resolves the platform before collection, so a check only reads what is set; a
-suite module run without the plugin fails here with the command to use instead.
-
-The kit's own checks of a result (finite, close, equal) run on ``host`` copies: a
-device need only implement the ops slotwise itself runs, not every op a check uses.
-``calling`` names a platform call in progress, for a process that ends inside it.
+The pytest plugin resolves the platform before collection.  The kit's own checks of a
+result run on ``host`` copies, so a device need only implement the ops slotwise runs.
 """
 
 from __future__ import annotations
@@ -42,11 +37,8 @@ def platform() -> Platform:
 
 
 def fail(problem: str) -> NoReturn:
-    """Fail the running check with ``problem``, prefixed by the platform's name.
-
-    No traceback, and not the exception being handled either: the message alone says
-    what is wrong, and it is what the summary of ``slotwise conformance`` shows.
-    """
+    """Fail the running check with ``problem``, prefixed by the platform's name, without a
+    traceback: the message is what the summary of ``slotwise conformance`` shows."""
     raise pytest.fail.Exception(f"platform {platform_name()!r}: {problem}", pytrace=False) from None
 
 

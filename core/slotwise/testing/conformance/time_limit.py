@@ -1,25 +1,12 @@
 """The time limit of each test of the suite: a check that hangs fails, and the run ends.
 
-A hang may be in Python (a loop polling the device) or in native code (a kernel that
-never finishes, a driver call that never returns), so the limit acts in three stages:
-
-1. At the limit, SIGALRM interrupts the test (POSIX, in the main thread, where pytest
-   runs tests).  Where the main thread runs Python, the test fails with
-   "platform 'NAME': CHECK :: TEST exceeded S s while calling ..." and the suite goes on.
-2. The interrupt only runs once the main thread runs Python again, which a native call
-   that never returns never does.  ``GRACE_S`` later a watchdog thread writes that
-   message and every thread's traceback to pytest's stderr, records the failure
-   (``on_hang``) and ends the process with exit status 1: nothing else can end the
-   hung call.  The thread runs wherever the hung call released the GIL, as torch's
-   kernels and driver waits do.
-3. A native call holding the GIL stops that thread too.  ``faulthandler``'s own native
-   thread then dumps every thread's traceback and ends the process (exit status 1)
-   another ``GRACE_S`` later; ``slotwise conformance`` names the test from the report's
-   running test and the time it began.
-
-Not pytest-timeout: it is no dependency of slotwise, and its signal method has stage 1
-only, its thread method stage 2 without recording the failure.  A ``faulthandler_timeout``
-set in pytest's configuration takes the place of stage 3 (one process has one such timer).
+A hang may be in Python or in native code, so the limit acts in three stages:
+1. SIGALRM interrupts the test in the main thread, which fails, and the suite goes on;
+2. a native call never returns to Python, so ``GRACE_S`` later a watchdog thread writes
+   the message and every traceback, records the failure and ends the process (exit 1);
+3. a native call holding the GIL stops that thread too, so ``faulthandler``'s native
+   thread ends the process another ``GRACE_S`` later.
+(pytest-timeout is no dependency, and has stage 1 or 2 only.)
 """
 
 from __future__ import annotations
@@ -47,12 +34,7 @@ NATIVE_HANG = (
 
 class TimeLimit:
     """Arms the three stages around each test (``start``/``stop``); a limit of 0 arms none.
-
-    ``describe()`` gives the failure message at the moment the limit passes (it names the
-    platform call in progress); ``stderr_fd`` is where stages 2 and 3 write, a descriptor
-    that pytest's capture does not redirect; ``on_hang(message)`` records the failure
-    before stage 2 ends the process.
-    """
+    Stages 2 and 3 write to ``stderr_fd``, which pytest's capture does not redirect."""
 
     def __init__(self, limit_s: float, stderr_fd: int, on_hang: Callable[[str], None]) -> None:
         self.limit_s = limit_s

@@ -15,6 +15,12 @@ The prefill grid is sized from ``q.shape[0]`` alone (``num_tokens // BLOCK_Q +
 num_seqs`` query tiles is an upper bound) and each program finds its sequence by binary
 search over ``query_start_loc``: no host synchronisation, so the launch can be captured
 in a CUDA graph. Spare programs return at once.
+
+Launches go through ``bound_launch``: the compiled kernel is bound once per layout,
+dtype and alignment of the arguments and launched without Triton's JIT.  The values
+that change from step to step (the number of sequences, the block table's width, the
+addresses of the step's int32 views, which start wherever the batch's decodes end)
+are kept out of the kernel's specialisation, so neither path compiles again for them.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import triton
 import triton.language as tl
 
 from slotwise_cuda.kernels._checks import FLOAT_DTYPES, check_tensor
+from slotwise_cuda.kernels.bound_launch import KernelLauncher, LaunchPlan
 
 # K/V positions per tile. fp32 tiles take twice the shared memory; 32 keeps head size 128
 # under the ~99 KiB that consumer GPUs (sm_86/sm_89) give a block.
@@ -53,7 +60,10 @@ def _find_seq(query_start_loc_ptr, num_seqs, tile_id, BLOCK_Q: tl.constexpr):
     return lo
 
 
-@triton.jit
+@triton.jit(
+    do_not_specialize=["num_seqs", "block_table_stride"],
+    do_not_specialize_on_alignment=["block_table_ptr", "query_start_loc_ptr", "seq_lens_ptr"],
+)
 def _paged_attention_kernel(
     q_ptr,
     k_cache_ptr,
@@ -197,6 +207,10 @@ def _check_common(
 
 
 _LOG2_E = math.log2(math.e)
+#: The kernel's launches, bound once per key for the whole process.
+_paged_attention_launcher = KernelLauncher(_paged_attention_kernel)
+#: The arguments whose alignment the kernel specialises on: q, k_cache, v_cache, out.
+_ALIGNED = (0, 1, 2, 3)
 
 
 class PagedAttentionLaunch:
@@ -207,6 +221,8 @@ class PagedAttentionLaunch:
     strides, dtypes and devices of the tensors it is made with; calling it launches on
     tensors of that same layout without checking again.  Every layer of a step shares
     one layout, so a backend binds once per step (``AttentionMetadata.step_cache``).
+    Its launches go through a ``LaunchPlan`` of the module's ``KernelLauncher``, which
+    keeps Triton's compiled kernel across steps.
     ``query_start_loc`` None binds the decode kernel (one query token per sequence).
     """
 
@@ -268,6 +284,13 @@ class PagedAttentionLaunch:
             "BLOCK_N": _BLOCK_N[q.dtype],
             "DECODE": decode,
         }
+        #: None when there is no sequence, hence nothing to launch.
+        self.launch: LaunchPlan | None = None
+        if self.grid is not None:
+            # What Triton specialises on besides the aligned pointers' addresses: the
+            # dtypes, the strides (the block table's is not specialised) and constexprs.
+            key = (q.device, q.dtype, self.strides[:-1], tuple(self.constants.values()))
+            self.launch = _paged_attention_launcher.plan(self.grid, self.constants, key, _ALIGNED)
 
     def __call__(
         self,
@@ -281,10 +304,10 @@ class PagedAttentionLaunch:
         query_start_loc: torch.Tensor | None = None,
     ) -> None:
         """Launch on tensors laid out as the ones this binding was made with."""
-        if self.grid is None:
+        if self.launch is None:
             return
         # The decode kernel does not read query_start_loc; seq_lens stands in.
-        _paged_attention_kernel[self.grid](
+        self.launch(
             q,
             k_cache,
             v_cache,
@@ -295,7 +318,6 @@ class PagedAttentionLaunch:
             scale * _LOG2_E,
             self.num_seqs,
             *self.strides,
-            **self.constants,
         )
 
 
