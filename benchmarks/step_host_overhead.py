@@ -28,8 +28,9 @@ Phases (exclusive time, from a separate instrumented run; the instrumentation it
 adds ``probe_us_per_step``): the runner's input preparation (batch order, dispatch,
 forward context), its writes into the persistent step inputs (token ids, positions,
 metadata arrays), their upload to the device and its metadata build (views of them;
-under FULL_AND_PIECEWISE the static layout's padding), the model
-entry (module call, Dynamo's guards, the split graph's forward), the graph wrappers
+under FULL_AND_PIECEWISE the static layout's padding), the model call (forward context,
+module calls), the model entry (the direct entry and the split graph's forward), or, once
+a decode step of the size is recorded, the recorded step's own calls; the graph wrappers
 (each piece's, or the whole model's), the graph replays, the attention op (the split
 graph's direct call into it and its body, measured by calling it alone), the backend's
 metadata slices, its tensor checks, the KV write and the kernel launch, and sampling.
@@ -78,7 +79,9 @@ from torch.utils._pytree import tree_leaves
 from slotwise.attention import StaticAttentionMetadata
 from slotwise.compilation import CompilationConfig, GraphMode
 from slotwise.compilation.compiled_forward import CompiledForward
+from slotwise.compilation.direct_entry import DirectEntry
 from slotwise.compilation.static_graphs.contract import reset_capture_window
+from slotwise.compilation.static_graphs.recorded_step import RecordedStep
 from slotwise.compilation.static_graphs.wrapper import (
     StaticGraphPiecewiseBackend,
     StaticGraphWrapper,
@@ -479,7 +482,10 @@ def phase_hooks(setup: Setup) -> list[tuple[str, Any, str]]:
         ("runner: input write", StepInputs, "write"),
         ("runner: input upload", StepBuffers, "upload"),
         ("runner: metadata build", runner.metadata_builder, "from_buffers"),
+        ("runner: model call", ModelRunner, "_run"),
         ("model entry", CompiledForward, "__call__"),
+        ("model entry", DirectEntry, "__call__"),
+        ("recorded step", RecordedStep, "run"),
         ("graph wrapper", StaticGraphPiecewiseBackend, "__call__"),
         ("graph wrapper", StaticGraphWrapper, "__call__"),
         ("graph replay", RecordingGraph, "replay"),
@@ -532,7 +538,10 @@ def measure_phases(setup: Setup, rounds: int, steps: int) -> dict[str, float]:
     per_round: dict[str, list[float]] = defaultdict(list)
     for _ in range(rounds):
         with decoding(setup, steps) as (requests, sampler), instrumented(setup, clock):
-            root(setup, requests, sampler)  # the wrappers' first calls
+            # Recorded steps hold bound calls: recorded again below, they bind the hooks.
+            if setup.runner.recorded_steps:
+                setup.runner.recorded_steps.clear()
+            root(setup, requests, sampler)  # the wrappers' first calls, and the recording
             clock.ns.clear()
             for _ in range(steps):
                 setup.platform.synchronize()
@@ -667,7 +676,10 @@ def build_report(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
         layers = setup.num_layers
         if not setup.full_graph:  # inside a FULL graph the op is not called
             op = time_attention_op(setup, 200 * args.steps)
-            phases["model entry"] -= layers * sum(op.values())
+            if "recorded step" in phases:  # its calls run the op's body, bound
+                del op["attention: op dispatch"]
+            caller = "recorded step" if "recorded step" in phases else "model entry"
+            phases[caller] -= layers * sum(op.values())
             phases.update({name: value * layers for name, value in op.items()})
         step = statistics.median(samples["step"])
         reference = statistics.median(samples["reference"])

@@ -35,7 +35,7 @@ from slotwise.platforms.registries import (
     filled_registry,
 )
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 Implementation = Callable[..., Any]
 

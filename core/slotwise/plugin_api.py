@@ -50,6 +50,7 @@ _EXPORTS: dict[str, str] = {
     "AttentionImpl": "slotwise.attention.impl",
     "AttentionMetadata": "slotwise.attention.metadata",
     "AttentionMetadataBuilder": "slotwise.attention.metadata",
+    "MetadataBuffers": "slotwise.attention.metadata",
     "BatchSplit": "slotwise.attention.metadata",
     "GraphSupport": "slotwise.attention.backend",
     "AttentionBackendRegistry": "slotwise.attention.registry",

@@ -44,7 +44,7 @@ from slotwise.platforms import get_current_platform
 from slotwise.runner.model_runner import ModelRunner, Request
 from slotwise.stats import interleaved_timings, percentile
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 #: Variant names, in the order they are reported.  "level3+graphs" captures the
 #: pieces (PIECEWISE); "level3+full_graphs" also the whole model for decode steps

@@ -19,8 +19,9 @@ import torch.fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from slotwise.compilation.cache import inductor_cache_dir
+from slotwise.compilation.cache.cache_key import piece_key
 from slotwise.compilation.cache.compile_cache import FACTORS_FILE, CompileCache
-from slotwise.compilation.cache.graph_fingerprint import UnfingerprintableGraph, fingerprint
+from slotwise.compilation.cache.graph_fingerprint import UnfingerprintableGraph
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.compilers import CompiledPiece, EagerCompiler
 from slotwise.compilation.config import CompilationConfig
@@ -37,7 +38,7 @@ def layer_5(hidden, l_layers_modules_5_weight):
 
 
 def key(fn, *inputs, runtime_shape=None):
-    return fingerprint(torch.fx.symbolic_trace(fn), list(inputs), runtime_shape)
+    return piece_key(torch.fx.symbolic_trace(fn), list(inputs), runtime_shape)
 
 
 X = torch.randn(4, 8)
@@ -101,11 +102,11 @@ def test_symbolic_sizes_hash_as_symbols_that_keep_their_sharing():
     large = symbolic(add_sums, torch.randn(40, 80), torch.randn(60, 80))
     sizes = [str(size) for size in small[1][0].shape]
     assert not any(size.isdigit() for size in sizes)
-    assert fingerprint(*small, None) == fingerprint(*large, None)
+    assert piece_key(*small, None) == piece_key(*large, None)
     # ... but inputs sharing a symbol (duck-sized equal dims) are another piece.
     shared = symbolic(add_sums, torch.randn(4, 8), torch.randn(4, 8))
     assert str(shared[1][0].shape[0]) == str(shared[1][1].shape[0])
-    assert fingerprint(*shared, None) != fingerprint(*small, None)
+    assert piece_key(*shared, None) != piece_key(*small, None)
 
 
 class Scaled(torch.nn.Module):
@@ -122,8 +123,8 @@ def test_constant_attributes_hash_by_contents_not_names():
     ones = torch.fx.symbolic_trace(Scaled("scale_a", torch.ones(8)))
     same = torch.fx.symbolic_trace(Scaled("scale_b", torch.ones(8)))
     twos = torch.fx.symbolic_trace(Scaled("scale_a", torch.full((8,), 2.0)))
-    assert fingerprint(ones, [X], None) == fingerprint(same, [X], None)
-    assert fingerprint(ones, [X], None) != fingerprint(twos, [X], None)
+    assert piece_key(ones, [X], None) == piece_key(same, [X], None)
+    assert piece_key(ones, [X], None) != piece_key(twos, [X], None)
 
 
 def test_unhashable_pieces_are_reported():
@@ -138,10 +139,10 @@ def test_unhashable_pieces_are_reported():
     graph.graph.output_node().args = (call,)
     graph.recompile()
     with pytest.raises(UnfingerprintableGraph, match="closure"):
-        fingerprint(graph, [X], None)
+        piece_key(graph, [X], None)
     leaf = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(8, 8)))
     with pytest.raises(UnfingerprintableGraph, match="call_module"):
-        fingerprint(leaf, [X], None)
+        piece_key(leaf, [X], None)
 
 
 def dynamo_capture(module: torch.nn.Module, x: torch.Tensor):
@@ -182,7 +183,7 @@ def test_dynamo_graphs_of_differently_named_layers_share_a_fingerprint():
     names_b = [node.name for node in graph_b.graph.nodes if node.op == "placeholder"]
     assert names_a != names_b
     assert any(isinstance(value, torch.SymInt) for value in inputs_a)
-    assert fingerprint(graph_a, inputs_a, None) == fingerprint(graph_b, inputs_b, None)
+    assert piece_key(graph_a, inputs_a, None) == piece_key(graph_b, inputs_b, None)
 
 
 # --- the cache ---------------------------------------------------------------------------
@@ -213,7 +214,7 @@ def make_cache(tmp_path, compiler_cls=PicklingCompiler, factors=None, **config):
 
 
 def slotwise_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [record for record in caplog.records if record.name == "slotwise"]
+    return [record for record in caplog.records if record.name.startswith("slotwise.")]
 
 
 def entries(cache: CompileCache) -> list[Path]:
@@ -256,10 +257,10 @@ def test_a_second_cache_loads_what_the_first_saved(tmp_path):
         run_layer(first.compile(graph, [X, W], runtime_shape=None))
     (entry,) = entries(first)
     factors = json.loads((Path(first.directory) / FACTORS_FILE).read_text())
-    assert factors["model"] == "toy"
-    assert factors["torch_version"] == torch.__version__
-    assert factors["compiler"].endswith("PicklingCompiler")
-    assert {"slotwise_version", "config_hash", "compiler_hash"} <= set(factors)
+    assert factors["traced_code"] == {"model": "toy"}
+    assert factors["versions"]["torch"] == torch.__version__
+    assert factors["compiler"]["class"].endswith("PicklingCompiler")
+    assert set(factors) == {"versions", "config", "traced_code", "compiler", "device"}
     assert not list(Path(first.directory).glob("*.tmp"))
 
     second = make_cache(tmp_path)
@@ -286,9 +287,10 @@ def test_caches_with_other_factors_share_nothing(tmp_path):
     assert other_config.directory != model_a.directory
 
 
-def test_reserved_factors_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="torch_version"):
-        make_cache(tmp_path, factors={"torch_version": "1.0"})
+def test_a_callers_factor_cannot_stand_in_for_the_caches_own(tmp_path):
+    cache = make_cache(tmp_path, factors={"torch": "1.0"})
+    assert cache.factors["versions"]["torch"] == torch.__version__
+    assert cache.directory != make_cache(tmp_path, factors={"torch": "2.0"}).directory
 
 
 @pytest.mark.parametrize("how", ["config", "environment"])

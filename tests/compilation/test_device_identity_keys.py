@@ -56,7 +56,7 @@ def test_the_cache_folder_records_the_identity_it_is_keyed_on(tmp_path):
         cache = CompileCache(config, SavingEagerCompiler(config), factors={"model": "m"})
         cache.write_named("probe", b"x")
     factors = json.loads((tmp_path / cache.directory / FACTORS_FILE).read_text())
-    assert json.loads(factors["device"]) == {
+    assert factors["device"]["identity"] == {
         "platform": "vendor",
         "device_type": "cpu",
         "torch": torch.__version__,

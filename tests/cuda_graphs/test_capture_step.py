@@ -10,7 +10,6 @@ from slotwise.compilation.static_graphs.contract import StaticGraphError, reset_
 from slotwise.compilation.static_graphs.dispatcher import CaptureCase, GraphDispatcher
 from slotwise.platforms import get_current_platform
 from slotwise.runner.capture import capture_graphs
-from slotwise.runner.static_inputs import StaticInputBuffers
 from slotwise.testing.toy_models import TOY_SPLITTING_OPS, SillyModel
 
 
@@ -26,20 +25,20 @@ def captured(graph_api):
     torch.manual_seed(0)
     model = SillyModel(compilation_config=config)
     dispatcher = GraphDispatcher.for_model(model)
-    buffers = StaticInputBuffers(4, {"x": ((8,), torch.float32)}, "cpu")
+    x = torch.zeros(4, 8)  # the static input: every size reads a view of it
     sizes_seen = []
 
     def run_case(case: CaptureCase) -> None:
         sizes_seen.append(case.size)
         with dispatcher.step(case.size, uniform_decode=case.uniform_decode):
-            model(buffers.fill(case.size, x=torch.zeros(case.size, 8))["x"])
+            model(x[: case.size])
 
     plan = [CaptureCase(size, GraphMode.PIECEWISE, False) for size in (1, 4, 2)]
     with counters.expect(num_graphs_captured=9):
         reports = capture_graphs(
             run_case, plan, get_current_platform(), runs_per_size=2, progress=False
         )
-    yield model, dispatcher, buffers, reports, sizes_seen
+    yield model, dispatcher, x, reports, sizes_seen
     reset_capture_window()
 
 
@@ -73,14 +72,16 @@ def test_every_case_of_a_size_runs_in_each_round(graph_api):
 
 
 def test_callers_tensors_of_any_address_go_through_the_static_buffers(captured):
-    model, dispatcher, buffers, _, _ = captured
+    model, dispatcher, static_x, _, _ = captured
     torch.manual_seed(0)
     reference = SillyModel(compilation_config=CompilationConfig(level=0))
     with counters.expect(num_graphs_captured=0):
         for size in (3, 2, 1):
             x = torch.randn(size, 8)
             with dispatcher.step(size) as graphs:
-                out = model(buffers.fill(graphs.padded_size, x=x)["x"])[:size]
+                static_x[:size].copy_(x)
+                static_x[size:].zero_()
+                out = model(static_x[: graphs.padded_size])[:size]
             torch.testing.assert_close(out, reference(x))
 
 
@@ -117,19 +118,3 @@ def test_a_capture_size_the_step_missed_is_an_error_after_the_window(graph_api):
             run(1)
     finally:
         reset_capture_window()
-
-
-def test_buffers_refuse_sizes_above_their_size():
-    buffers = StaticInputBuffers(2, {"x": ((8,), torch.float32)}, "cpu")
-    with pytest.raises(ValueError, match="exceeds"):
-        buffers.fill(3, x=torch.zeros(3, 8))
-
-
-def test_padding_rows_never_hold_what_a_larger_step_left():
-    """A step-wide reduction over the padded rows (dynamic rope takes the step's largest
-    position) sees only this step's values."""
-    buffers = StaticInputBuffers(8, {"positions": ((), torch.int64)}, "cpu")
-    buffers.fill(8, positions=torch.arange(100, 108))
-    padded = buffers.fill(4, positions=torch.tensor([3, 4]))["positions"]
-    assert padded.tolist() == [3, 4, 0, 0]
-    assert padded.max().item() == 4

@@ -164,3 +164,24 @@ def test_a_block_table_row_is_written_only_when_its_request_changes(graph_platfo
     twins.leave("a")
     twins.step(["b"])  # b moves to row 0: rewritten
     assert table[0].tolist() == twins.requests["b"][0].block_ids
+
+
+def test_padding_rows_never_hold_what_a_larger_step_left(graph_platform_with):
+    """A step-wide reduction over the padded rows (dynamic rope takes the step's largest
+    position) sees only this step's values."""
+    graph_platform_with(CpuSdpaBackend)
+    twins = Twins("PIECEWISE")
+    runner = twins.runners[0]
+    seen = []
+    run = runner._run
+    runner._run = lambda graphs, ids, positions, metadata: (
+        seen.append((ids.tolist(), positions.tolist())) or run(graphs, ids, positions, metadata)
+    )
+    twins.join("long", list(range(1, 9)))
+    twins.step(["long"])  # 8 tokens at positions 0-7
+    twins.leave("long")
+    for name in ("a", "b", "c"):
+        twins.join(name, [5])
+    twins.step(["a", "b", "c"])  # 3 one-token prompts, padded to 4
+    ids, positions = seen[-1]
+    assert positions == [0, 0, 0, 0] and ids == [5, 5, 5, 0]

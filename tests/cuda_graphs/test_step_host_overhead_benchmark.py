@@ -20,13 +20,13 @@ COMMON_PHASES = {
     "runner: input write",
     "runner: input upload",
     "runner: metadata build",
-    "model entry",
-    "graph wrapper",
+    # Decode steps of a captured size run as a recorded list of calls, past the model
+    # call, its entry and the graph wrappers.
+    "recorded step",
     "graph replay",
     "sampling",
 }
 PIECEWISE_PHASES = COMMON_PHASES | {
-    "attention: op dispatch",
     "attention: op body",
     "attention: metadata",
     "attention: launch binding and checks",

@@ -63,7 +63,9 @@ part() {  # part NAME CAP COMMAND...: run COMMAND for at most CAP seconds, or wh
     log="$logs/$(tr -c 'A-Za-z0-9\n' '_' <<<"$name").log"
     echo "== $name (at $SECONDS s, limit $limit s)"
     # The log, not a pipe: a process the part leaves behind cannot keep the script waiting.
-    timeout "$limit" "$@" >"$log" 2>&1 &
+    # Made first, so that tail finds it however late the part starts.
+    : >"$log"
+    timeout "$limit" "$@" >>"$log" 2>&1 &
     pid=$!
     tail -n +1 --pid="$pid" -f "$log"
     wait "$pid" || rc=$?

@@ -29,7 +29,7 @@ from slotwise.attention.registry import (
 if TYPE_CHECKING:
     from slotwise.platforms import Platform
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 _announced: set[tuple[str, str]] = set()
 

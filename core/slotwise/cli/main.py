@@ -55,7 +55,7 @@ BUILT_IN_COMMANDS: dict[str, BuiltInCommand] = {
 #: Seconds a finished command waits for the non-daemon threads plugins started.
 PLUGIN_THREAD_GRACE_S = 1.0
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 #: Exit statuses of a command interrupted by Ctrl-C and of one whose stdout was closed.
 INTERRUPTED = 128 + signal.SIGINT
@@ -63,7 +63,8 @@ BROKEN_PIPE = 128 + signal.SIGPIPE
 
 
 def configure_logging() -> None:
-    """Send the ``slotwise`` logger to stderr at SLOTWISE_LOGGING_LEVEL (default INFO)."""
+    """Send the ``slotwise`` logger, the parent of every module's, to stderr at
+    SLOTWISE_LOGGING_LEVEL (default INFO)."""
     level = envs.logging_level()
     logger = logging.getLogger("slotwise")
     if not logger.handlers:

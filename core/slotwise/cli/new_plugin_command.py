@@ -24,7 +24,7 @@ from slotwise.platforms.resolution import get_resolver
 from slotwise.platforms.spec import PLATFORM_NAME_PATTERN
 from slotwise.plugins.manager import stdout_to_stderr
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 TEMPLATES = resources.files("slotwise.cli") / "plugin_template"
 

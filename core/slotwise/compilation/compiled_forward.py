@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import logging
 import os
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from slotwise.compilation.cache.cache_key import traced_code
 from slotwise.compilation.cache.inductor_cache_dir import place_inductor_cache
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.compile_lock import compile_lock
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from slotwise.compilation.splitting.dynamo_backends import TraceOnceBackend
     from slotwise.compilation.warm_start.store import WarmStartStore
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 
 def drop_all_guards(guards: list[Any]) -> list[bool]:
@@ -93,24 +93,6 @@ def torch_compile_disabled() -> bool:
     return os.environ.get("TORCH_COMPILE_DISABLE", "0") == "1"
 
 
-def model_source_hash(module: torch.nn.Module) -> str:
-    """Hash of the source of every model class in ``module`` (torch's own excluded),
-    so an edited model never loads artifacts compiled from the old code."""
-    digest = hashlib.sha256()
-    seen: set[type] = set()
-    for submodule in module.modules():
-        for cls in type(submodule).__mro__:
-            if cls in seen or cls.__module__.split(".")[0] in ("torch", "builtins"):
-                continue
-            seen.add(cls)
-            try:
-                source = inspect.getsource(cls)
-            except (OSError, TypeError):
-                source = cls.__qualname__  # defined interactively: no source to hash
-            digest.update(f"{cls.__module__}.{cls.__qualname__}\n{source}".encode())
-    return digest.hexdigest()
-
-
 def _fresh_function(function: Callable[..., Any]) -> Callable[..., Any]:
     """A copy of ``function`` with its own code object.
 
@@ -171,15 +153,10 @@ class CompiledForward:
         from slotwise.compilation.splitting.dynamo_backends import TraceOnceBackend
         from slotwise.compilation.warm_start.store import WarmStartStore, warm_start_enabled
 
-        cls = type(self.module)
         backend = TraceOnceBackend(
             self.config,
             self.platform,
-            cache_factors={
-                "model": f"{cls.__module__}.{cls.__qualname__}",
-                "model_source": model_source_hash(self.module),
-                "platform": self.platform.name,
-            },
+            traced_code=traced_code(self.module),
             piecewise=self.config.level == CompilationLevel.PIECEWISE,
         )
         if warm_start_enabled():

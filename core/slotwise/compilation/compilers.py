@@ -15,7 +15,6 @@ import inspect
 import json
 import logging
 import os
-import platform
 import shutil
 import sys
 from collections.abc import Callable, Sequence
@@ -38,7 +37,7 @@ from slotwise.errors import SlotwiseError
 from slotwise.import_path import resolve_import_path
 from slotwise.platforms import Platform, get_current_platform
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 #: The packages a first import of Inductor loads the most of; another package's orphans
 #: may come from failures of its own, which Inductor does not care about.
@@ -77,7 +76,8 @@ class Compiler(abc.ABC):
         self.config = config
 
     def compute_hash(self) -> str:
-        """Hash of this compiler's own settings that change its output, for cache keys."""
+        """Hash of this compiler's own settings that change its output, for cache keys
+        (the versions of slotwise, torch and Python and the device are keyed already)."""
         return ""
 
     @abc.abstractmethod
@@ -145,11 +145,9 @@ class InductorCompiler(Compiler):
             _check_cpp_compiler(config, self.options)
 
     def compute_hash(self) -> str:
+        """Hash of the Inductor options and the vector ISA they pick; the versions and the
+        machine are keyed in other groups (:mod:`slotwise.compilation.cache.cache_key`)."""
         factors = {
-            "torch": torch.__version__,
-            "torch_git": torch.version.git_version,
-            "python": list(sys.version_info[:2]),
-            "machine": platform.machine(),
             "options": self.options,
             # A shared cache must not hand AVX-512 code to a CPU that picks AVX2.
             "cpu_vector_isa": self._cpu_vector_isa(),

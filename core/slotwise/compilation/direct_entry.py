@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from slotwise.compilation import weight_registrations
 from slotwise.compilation.warm_start.paths import (
     Path,
     Unpersistable,
@@ -39,12 +40,7 @@ from slotwise.compilation.warm_start.paths import (
 )
 from slotwise.errors import SlotwiseError
 
-logger = logging.getLogger("slotwise")
-
-# Bumped by every parameter, buffer and submodule registration in the process: a direct
-# entry that bound its weights at another value re-binds them before its next call.
-_registrations = 0
-_watching = False
+logger = logging.getLogger(__name__)
 
 
 class CompiledModelChangedError(SlotwiseError, RuntimeError):
@@ -53,24 +49,6 @@ class CompiledModelChangedError(SlotwiseError, RuntimeError):
 
 class CompiledModelInputError(SlotwiseError, TypeError):
     """A call to a compiled model passed arguments unlike those its graph was traced with."""
-
-
-def _count_registration(module: torch.nn.Module, name: str, value: Any) -> None:
-    global _registrations
-    _registrations += 1
-
-
-def _watch_registrations() -> None:
-    """Install the registration hooks, once per process (with the first direct entry)."""
-    global _watching
-    if _watching:
-        return
-    from torch.nn.modules import module as nn_module
-
-    nn_module.register_module_parameter_registration_hook(_count_registration)
-    nn_module.register_module_buffer_registration_hook(_count_registration)
-    nn_module.register_module_module_registration_hook(_count_registration)
-    _watching = True
 
 
 # -- what the trace tells ------------------------------------------------------------------
@@ -236,6 +214,8 @@ class DirectEntry:
         self.scope = scope
         self.name = f"{type(module).__qualname__}.forward"
         self.single_output = output == "single"
+        #: What the entry calls: the split graph, or the FULL graph wrapper around it.
+        self.graph = compiled
         parameters = list(signature.parameters.values())
         self_name = parameters[0].name
         clash = [p.name for p in parameters if p.name.startswith("_slotwise")]
@@ -272,11 +252,11 @@ class DirectEntry:
         self._run: Callable[..., Any] = self._namespace["forward"]
         self._traced_modules = list(module.named_modules(remove_duplicate=False))
         self._bound_at = -1
-        _watch_registrations()
+        weight_registrations.watch()
         self._bind()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._bound_at != _registrations:
+        if self._bound_at != weight_registrations.count():
             self._bind()
         try:
             outputs = self._run(*args, **kwargs)
@@ -288,7 +268,7 @@ class DirectEntry:
     def _bind(self) -> None:
         """Bind every weight the graph reads, as the model holds it now; refuse a model
         whose submodules changed or whose weight no longer fits the graph."""
-        registrations = _registrations
+        registrations = weight_registrations.count()
         modules = list(self.module.named_modules(remove_duplicate=False))
         changed = _changed_modules(modules, self._traced_modules)
         if changed:

@@ -24,7 +24,7 @@ from slotwise.distributed.errors import DistributedInitError
 from slotwise.distributed.launch import LaunchConfig, resolve_launch_config
 from slotwise.platforms import Platform
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 #: Names of the groups, as ``get_communicator`` and the collective ops take them.
 WORLD_GROUP = "world"

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from slotwise.compilation.config import CompilationConfig
     from slotwise.compilation.static_graphs.graph_api import GraphAPI
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 
 class Platform:

@@ -27,7 +27,7 @@ from slotwise.platforms.spec import PlatformSpec, api_range_warning
 from slotwise.plugins.manager import PluginManager, PluginRecord, get_plugin_manager
 from slotwise.plugins.plugin_code import call_plugin_code, outcome, plugin_code
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 INSTALL_HINT = (
     "install a platform plugin: 'pip install slotwise-cpu' for the CPU, "

@@ -27,7 +27,7 @@ from slotwise.plugins.plugin_code import PluginCodeError, call_plugin_code, desc
 # The command-line modules import the stdout guard from here.
 from slotwise.plugins.plugin_code import stdout_to_stderr as stdout_to_stderr
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 
 class Registry(Protocol):

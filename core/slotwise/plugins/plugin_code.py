@@ -19,7 +19,7 @@ from typing import Any, Protocol, TextIO, TypeVar
 from slotwise import envs
 from slotwise.errors import SlotwiseError
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

@@ -31,7 +31,7 @@ from slotwise.models.errors import CheckpointError
 from slotwise.models.llama_config import LlamaConfig
 from slotwise.models.model_files import parse_model_json, read_model_file
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 _REQUIRED = object()
 

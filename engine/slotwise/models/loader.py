@@ -29,7 +29,7 @@ from slotwise.models.llama import LlamaConfig, LlamaForCausalLM
 from slotwise.models.registry import model_class
 from slotwise.platforms import get_current_platform
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 #: Elements of each tensor held at once while two checkpoint tensors are compared.
 _COMPARED_ELEMENTS = 1 << 22

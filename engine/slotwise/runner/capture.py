@@ -22,7 +22,7 @@ from slotwise.compilation.static_graphs.contract import capture_window
 from slotwise.compilation.static_graphs.dispatcher import CaptureCase
 from slotwise.platforms import Platform
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

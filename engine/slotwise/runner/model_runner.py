@@ -35,13 +35,19 @@ from slotwise.compilation.static_graphs.dispatcher import (
     StepGraphs,
 )
 from slotwise.compilation.static_graphs.graph_modes import sizes_padding_never_reaches
+from slotwise.compilation.static_graphs.recorded_step import (
+    NotReady,
+    NotRecordable,
+    RecordedStep,
+    record_step,
+)
 from slotwise.forward_context import set_forward_context
 from slotwise.platforms import get_current_platform
 from slotwise.runner.capture import CaptureReport, capture_graphs
 from slotwise.runner.generation import generate
 from slotwise.runner.step_inputs import StepBuffers, StepInputs
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 #: Step shapes whose dispatch is remembered (a step's token count, uniform or not).
 _MAX_DISPATCHED = 4096
@@ -113,6 +119,9 @@ class ModelRunner:
         )
         self.static_metadata = self._static_metadata()
         self._dispatched: dict[tuple[int, bool], StepGraphs] = {}
+        #: Uniform decode steps of captured sizes, recorded as lists of calls
+        #: (``recorded_step``); None once the model's step proved unrecordable.
+        self.recorded_steps: dict[StepGraphs, RecordedStep] | None = {}
 
     def _graph_sizes(self) -> list[int]:
         """The sizes steps are padded to (the dispatcher's); empty when this model runs
@@ -292,7 +301,13 @@ class ModelRunner:
             inputs.pad_inputs(buffers, num_tokens, padded)
         num_rows = len(batch) if graphs.metadata_layout == MetadataLayout.AS_BUILT else padded
         buffers.upload(padded, num_rows)
-        hidden = self._run(graphs, *buffers.model_inputs(padded), metadata)
+        recorded = self.recorded_steps.get(graphs) if self.recorded_steps else None
+        if recorded is not None and self._still_valid(recorded):
+            hidden = recorded.run(metadata)
+        else:
+            hidden = self._run(graphs, *buffers.model_inputs(padded), metadata)
+            if uniform_decode and graphs.mode != GraphMode.NONE:
+                self._record(graphs, hidden)
         for sequence in batch:
             sequence.num_cached = len(sequence.tokens)
         if uniform_decode:
@@ -307,6 +322,37 @@ class ModelRunner:
         if order == list(range(len(order))):
             return logits
         return logits[torch.tensor(order, device=logits.device).argsort()]
+
+    def _still_valid(self, recorded: RecordedStep) -> bool:
+        """Whether a recorded step still holds; a stale one is dropped (the step then
+        runs normally and is recorded again)."""
+        reason = recorded.stale()
+        if reason is None:
+            return True
+        logger.debug(
+            "recorded decode step of size %d dropped: %s", recorded.graphs.padded_size, reason
+        )
+        assert self.recorded_steps is not None
+        del self.recorded_steps[recorded.graphs]
+        return False
+
+    def _record(self, graphs: StepGraphs, hidden: torch.Tensor) -> None:
+        """Record the uniform decode step ``graphs`` that just returned ``hidden``, once
+        all its graphs are captured and checked."""
+        if self.recorded_steps is None:
+            return
+        try:
+            self.recorded_steps[graphs] = record_step(self.model, graphs, hidden)
+        except NotReady:
+            pass
+        except NotRecordable as err:
+            logger.warning(
+                "decode steps of %s run through the model's full call path every step, not "
+                "as a recorded list of calls: %s",
+                type(self.model).__name__,
+                err,
+            )
+            self.recorded_steps = None
 
     def _step_metadata(
         self,

@@ -33,7 +33,7 @@ import torch
 
 from slotwise.attention.metadata import MetadataBuffers
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 _ALIGN = 16  # bytes: kernels read aligned pointers fastest, Triton specialises on it
 #: Views kept per step shape before the cache starts over (mixed batches vary).

@@ -16,7 +16,6 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import torch
 import torch.fx as fx
 
 from slotwise.cache_permissions import (
@@ -27,8 +26,8 @@ from slotwise.cache_permissions import (
     untrusted_directory,
     write_atomically,
 )
-from slotwise.compilation.cache.graph_fingerprint import UnfingerprintableGraph, fingerprint
-from slotwise.compilation.cache.hardware_identity import device_identity
+from slotwise.compilation.cache.cache_key import directory_factors, folder_key, piece_key
+from slotwise.compilation.cache.graph_fingerprint import UnfingerprintableGraph
 from slotwise.compilation.cache.inductor_cache_dir import (
     compile_ran_out_of_space,
     move_off_full_disk,
@@ -36,12 +35,11 @@ from slotwise.compilation.cache.inductor_cache_dir import (
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.compilers import CompiledPiece, Compiler
 from slotwise.compilation.config import CompilationConfig
-from slotwise.version import __version__
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 FACTORS_FILE = "cache_key_factors.json"
-# An entry is this header, the piece's full fingerprint, the SHA-256 of the payload and the
+# An entry is this header, the piece's full key, the SHA-256 of the payload and the
 # payload: a truncated, garbled or misplaced file is caught before the compiler reads it.
 _MAGIC = b"slotwise-compiled-piece-v1\n"
 _DIGEST_SIZE = hashlib.sha256().digest_size
@@ -50,28 +48,15 @@ _Result = TypeVar("_Result")
 
 class CompileCache:
     """Compiles graph pieces through ``compiler``, reusing earlier results where it can;
-    ``factors`` identify what the caller compiles, the versions and hashes are added here."""
+    ``factors`` identify the traced code (:func:`cache_key.directory_factors` adds the
+    other groups that key the folder)."""
 
     def __init__(
         self, config: CompilationConfig, compiler: Compiler, *, factors: dict[str, str]
     ) -> None:
-        own = {
-            "slotwise_version": __version__,
-            "torch_version": torch.__version__,
-            "config_hash": config.compute_hash(),
-            "compiler": f"{type(compiler).__module__}.{type(compiler).__qualname__}",
-            "compiler_hash": compiler.compute_hash(),
-            # What any compiler's output may be specialised to, told by the platform.
-            "device": json.dumps(device_identity(), sort_keys=True),
-        }
-        clash = sorted(set(factors) & set(own))
-        if clash:
-            raise ValueError(f"cache key factors {clash} are reserved for the compile cache")
-        self.factors: dict[str, str] = {**factors, **own}
-        canonical = json.dumps(self.factors, sort_keys=True, separators=(",", ":"))
-        key = hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+        self.factors = directory_factors(config, compiler, factors)
         self.root = config.resolved_cache_dir
-        self.directory = os.path.join(self.root, key)
+        self.directory = os.path.join(self.root, folder_key(self.factors))
         self._compiler = compiler
         self._read_disk = config.cache_enabled and compiler.supports_persistence
         self._write_disk = self._read_disk
@@ -89,7 +74,7 @@ class CompileCache:
         """A callable running ``graph``: from memory, from disk, or freshly compiled."""
         counters.bump("num_backend_compilations")
         try:
-            key = fingerprint(graph, example_inputs, runtime_shape)
+            key = piece_key(graph, example_inputs, runtime_shape)
         except UnfingerprintableGraph as err:
             logger.info("compiling a graph piece without the compile cache: %s", err)
             counters.bump("num_cache_misses")

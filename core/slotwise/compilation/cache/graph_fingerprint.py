@@ -1,4 +1,4 @@
-"""Structural fingerprints of graph pieces: the compile cache's key.
+"""Structural fingerprints of graph pieces: the traced piece in the compile cache's key.
 
 A transformer's layers become pieces that differ only in names, so nodes are named by
 position and symbolic sizes by order, while everything that can change the compiled code
@@ -33,9 +33,9 @@ class UnfingerprintableGraph(TypeError):
 def fingerprint(
     graph: fx.GraphModule, example_inputs: Sequence[Any], runtime_shape: int | None
 ) -> str:
-    """Hex digest equal for structurally identical pieces compiled for the same inputs."""
+    """Hex digest equal for structurally identical pieces compiled for the same inputs;
+    ``runtime_shape`` chooses what their sizes are read from (the key holds it, not this)."""
     hasher = _Fingerprinter()
-    hasher.add("runtime_shape", repr(runtime_shape))
     for value in _shape_sources(graph, example_inputs, runtime_shape):
         hasher.add("input", hasher.example(value))
     hasher.add_graph(graph)

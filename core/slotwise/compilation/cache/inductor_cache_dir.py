@@ -11,8 +11,6 @@ caches go to a private folder of this process, removed at exit.
 from __future__ import annotations
 
 import atexit
-import hashlib
-import json
 import logging
 import os
 import shutil
@@ -26,10 +24,10 @@ from slotwise.cache_permissions import (
     out_of_space,
     resolve_trusted_directory,
 )
-from slotwise.compilation.cache.hardware_identity import cpu_identity, device_identity
+from slotwise.compilation.cache.cache_key import folder_key, inductor_folder_factors
 from slotwise.errors import SlotwiseError
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
@@ -315,8 +313,4 @@ def _under_temporary_folder(path: str) -> bool:
 
 
 def _machine_key() -> str:
-    described = json.dumps(
-        [cpu_identity(), os.environ.get("ATEN_CPU_CAPABILITY", ""), device_identity()],
-        sort_keys=True,
-    )
-    return hashlib.sha256(described.encode("utf-8")).hexdigest()[:16]
+    return folder_key(inductor_folder_factors())

@@ -28,7 +28,7 @@ from slotwise.cache_permissions import (
 )
 from slotwise.compilation.cache.hardware_identity import cpu_identity
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 _installed_root: str | None = None
 

@@ -71,14 +71,15 @@ class TraceOnceBackend:
         config: CompilationConfig,
         platform: Platform,
         *,
-        cache_factors: dict[str, str],
+        traced_code: dict[str, str],
         piecewise: bool,
         warm_start: WarmStartStore | None = None,
     ) -> None:
         self.config = config
         self.warm_start = warm_start
         self.platform = platform
-        self.cache_factors = cache_factors
+        # The model's factors of the cache key's traced-code group; each graph adds its index.
+        self.traced_code = traced_code
         self.partition = piecewise and config.use_inductor_graph_partition
         self.split = piecewise and not self.partition
         self.compiler: Compiler = (
@@ -98,7 +99,7 @@ class TraceOnceBackend:
         self.first_outputs: list[Any] | None = None
 
     def _new_cache(self) -> CompileCache:
-        factors = dict(self.cache_factors, graph_index=str(self.graphs_compiled))
+        factors = dict(self.traced_code, graph_index=str(self.graphs_compiled))
         self.graphs_compiled += 1
         return CompileCache(self.config, self.compiler, factors=factors)
 
@@ -134,7 +135,7 @@ class TraceOnceBackend:
 
     def first_cache(self) -> CompileCache:
         """The compile cache the model's first (at levels 2 and 3: only) graph will use."""
-        factors = dict(self.cache_factors, graph_index="0")
+        factors = dict(self.traced_code, graph_index="0")
         return CompileCache(self.config, self.compiler, factors=factors)
 
     def build(self, graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:

@@ -96,7 +96,10 @@ def check_input_addresses(
                 "graph_copy_inputs=True in the compilation config to have slotwise copy them; "
                 "an input a splitting op returns moves at every step: have that op write "
                 "into a tensor allocated before it (its out variant, as "
-                "torch.ops.slotwise.tp_all_reduce.out) or drop it from splitting_ops"
+                "torch.ops.slotwise.tp_all_reduce.out) or drop it from splitting_ops; a "
+                "parameter or buffer replaced after capture moves too: copy new weights into "
+                "the captured ones (param.data.copy_(new), load_state_dict without "
+                "assign=True) or build and capture the model again"
             )
 
 

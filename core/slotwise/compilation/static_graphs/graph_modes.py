@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from slotwise.compilation.config import CompilationConfig
     from slotwise.platforms import Platform
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 
 def supported_graph_modes(

@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from slotwise.compilation.static_graphs.contract import StaticGraphError
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 aten = torch.ops.aten
 

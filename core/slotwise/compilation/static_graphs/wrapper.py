@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx
 
+from slotwise.compilation import weight_registrations
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.config import CompilationConfig, ConfigError, GraphMode
 from slotwise.compilation.splitting.piecewise_backend import (
@@ -55,7 +56,7 @@ from slotwise.forward_context import try_get_forward_context
 if TYPE_CHECKING:
     from slotwise.platforms import Platform
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,7 +65,9 @@ class SizeEntry:
     graph: StaticGraph | None = None
     outputs: Any = None
     addresses: list[int | None] | None = None
-    addresses_checked: bool = False
+    #: ``weight_registrations.count()`` when the input addresses were last checked (None:
+    #: never): a weight replaced since may have moved, so they are checked again.
+    addresses_checked_at: int | None = None
     #: Argument index -> the buffer the graph reads it from (``graph_copy_inputs``).
     buffers: dict[int, torch.Tensor] = field(default_factory=dict)
     #: Every check this size owes is done and nothing is copied in: a step only replays.
@@ -126,7 +129,12 @@ class StaticGraphWrapper:
         descriptor = context.batch_descriptor
         size = read_size(self.size_source, args) if descriptor is None else descriptor.num_tokens
         entry = None if size is None else self.entries.get(size)
-        if entry is not None and entry.replay_only and entry.graph is not None:
+        if (
+            entry is not None
+            and entry.replay_only
+            and entry.addresses_checked_at == weight_registrations.count()
+        ):
+            assert entry.graph is not None
             entry.graph.replay()
             return entry.outputs
         if size is None or size not in (self.config.capture_sizes or ()):
@@ -146,9 +154,10 @@ class StaticGraphWrapper:
         else:
             # A replay runs no Python: a partition's list stays as it was handed over.
             inputs = _copied_into(entry.buffers, args)
-            if not entry.addresses_checked or self.config.debug_checks:
+            registrations = weight_registrations.count()
+            if entry.addresses_checked_at != registrations or self.config.debug_checks:
                 check_input_addresses(self.name, size, entry.addresses or [], inputs)
-                entry.addresses_checked = True
+                entry.addresses_checked_at = registrations
             check_outputs = self.config.debug_checks
             # From the next replay on, nothing is left to check or copy for this size.
             entry.replay_only = not (self.config.debug_checks or entry.buffers)
@@ -169,6 +178,7 @@ class StaticGraphWrapper:
     def _capture(self, size: int, entry: SizeEntry, args: Sequence[Any]) -> list[Any]:
         """Capture the graph of ``size``; return what it reads (``graph_inputs``), taken
         before the capture runs: a partition empties the list it is handed."""
+        weight_registrations.watch()
         check_capture_allowed(self.name, size)
         entry.buffers = {index: args[index].clone() for index in self.copied_inputs}
         args = [entry.buffers.get(index, arg) for index, arg in enumerate(args)]

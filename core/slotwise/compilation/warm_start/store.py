@@ -57,7 +57,7 @@ from slotwise.compilation.warm_start.checks import aliased, failed_check, guard_
 from slotwise.compilation.warm_start.facts import plain_repr, unguarded_facts
 from slotwise.compilation.warm_start.paths import Unpersistable, gatherer
 
-logger = logging.getLogger("slotwise")
+logger = logging.getLogger(__name__)
 
 ENTRY_PREFIX = "dynamo-trace"
 _FORMAT = "slotwise-warm-start-v2"
