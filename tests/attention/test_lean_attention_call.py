@@ -17,11 +17,11 @@ import weakref
 
 import pytest
 import torch
+from attention_models import HEAD_SIZE, HEADS, HIDDEN, KV_HEADS, TwoLayers
 
 import slotwise
 from slotwise.attention import (
     UNIFIED_ATTENTION_OP,
-    Attention,
     AttentionMetadataBuilder,
     allocate_kv_caches,
 )
@@ -34,45 +34,20 @@ from slotwise.forward_context import set_forward_context
 from slotwise_ascend_stub.attention import AscendStubReferenceBackend
 from slotwise_cpu.attention import CpuSdpaBackend
 
-HEADS, KV_HEADS, HEAD_SIZE, BLOCK_SIZE, HIDDEN = 4, 2, 16, 8, 32
+BLOCK_SIZE = 8
 BACKENDS = [CpuSdpaBackend, AscendStubReferenceBackend]
 SPLIT = CompilationConfig(level=3, backend="eager", splitting_ops=[UNIFIED_ATTENTION_OP])
 
 
-class TwoLayers(torch.nn.Module):
-    """A qkv projection feeding two attention layers, with work between them."""
-
-    def __init__(self, backend: type, prefix: str | None = None) -> None:
-        super().__init__()
-        prefix = prefix or unused_layer_prefix("lean_call_test")
-        self.qkv = torch.nn.Linear(HIDDEN, (HEADS + 2 * KV_HEADS) * HEAD_SIZE)
-        self.attn = torch.nn.ModuleList(
-            Attention(
-                HEADS,
-                HEAD_SIZE,
-                HEAD_SIZE**-0.5,
-                KV_HEADS,
-                prefix=f"{prefix}.{i}",
-                block_size=BLOCK_SIZE,
-                backend=backend,
-            )
-            for i in range(2)
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for attn in self.attn:
-            q, k, v = self.qkv(x).split(
-                [HEADS * HEAD_SIZE, KV_HEADS * HEAD_SIZE, KV_HEADS * HEAD_SIZE], dim=-1
-            )
-            x = torch.relu(x + attn(q, k, v)[:, :HIDDEN])
-        return x
+def two_layers(backend: type, prefix: str | None = None) -> TwoLayers:
+    return TwoLayers(backend, block_size=BLOCK_SIZE, prefix=prefix)
 
 
 def twins(backend: type, seed: int = 0) -> tuple[TwoLayers, TwoLayers]:
     """The same weights twice, each with its own caches: one compiled at level 3 and
     split at the attention op, one eager."""
     torch.manual_seed(seed)
-    compiled, eager = TwoLayers(backend), TwoLayers(backend)
+    compiled, eager = two_layers(backend), two_layers(backend)
     eager.load_state_dict(compiled.state_dict())
     for model in (compiled, eager):
         allocate_kv_caches(model, num_blocks=16)
@@ -147,7 +122,7 @@ def test_without_metadata_the_split_graph_zero_fills_like_eager():
 
 @pytest.mark.parametrize("way", ["op", "direct"])
 def test_both_ways_zero_the_padding_rows_and_fill_without_metadata(way):
-    model = TwoLayers(CpuSdpaBackend)
+    model = two_layers(CpuSdpaBackend)
     allocate_kv_caches(model, num_blocks=16)
     layer = model.attn[0]
     q = torch.randn(5, HEADS, HEAD_SIZE)
@@ -169,7 +144,7 @@ def test_both_ways_zero_the_padding_rows_and_fill_without_metadata(way):
 
 @pytest.mark.parametrize("way", ["op", "direct", "split graph"])
 def test_a_missing_cache_or_metadata_entry_raises_the_same_error_every_way(way):
-    model = TwoLayers(CpuSdpaBackend)
+    model = two_layers(CpuSdpaBackend)
     names = [attn.layer_name for attn in model.attn]
     q = torch.randn(2, HEADS * HEAD_SIZE)
     k = torch.randn(2, KV_HEADS * HEAD_SIZE)
@@ -212,7 +187,7 @@ def test_the_profiler_shows_each_direct_call_under_the_op_name():
 
 def test_a_model_rebuilt_under_freed_names_runs_on_its_own_layers():
     prefix = unused_layer_prefix("lean_call_rebuilt")
-    first = slotwise.compile(TwoLayers(CpuSdpaBackend, prefix), SPLIT)
+    first = slotwise.compile(two_layers(CpuSdpaBackend, prefix), SPLIT)
     allocate_kv_caches(first, num_blocks=16)
     x = torch.randn(4, HIDDEN)
     with set_forward_context(metadata([4], [0])):
@@ -223,8 +198,8 @@ def test_a_model_rebuilt_under_freed_names_runs_on_its_own_layers():
     assert freed() is None  # the split graph's calls do not keep its layers alive
 
     torch.manual_seed(3)
-    second = TwoLayers(CpuSdpaBackend, prefix)
-    eager = TwoLayers(CpuSdpaBackend)
+    second = two_layers(CpuSdpaBackend, prefix)
+    eager = two_layers(CpuSdpaBackend)
     eager.load_state_dict(second.state_dict())
     for model in (second, eager):
         allocate_kv_caches(model, num_blocks=16)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import gc
-import itertools
 
 import pytest
 import torch
+from attention_models import HEAD_SIZE, HEADS, KV_HEADS, TwoLayers
 
 from slotwise.attention import (
     UNIFIED_ATTENTION_OP,
@@ -20,37 +20,11 @@ from slotwise.forward_context import set_forward_context
 from slotwise.testing.conformance.reference_attention import causal_attention
 from slotwise_cpu.attention import CpuSdpaBackend
 
-HEADS, KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 4, 2, 16, 8
-_names = itertools.count()
+BLOCK_SIZE = 8
 
 
-class TwoLayers(torch.nn.Module):
-    """A fused qkv projection feeding two attention layers, as a model would."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        prefix = f"op_test.{next(_names)}"
-        self.qkv = torch.nn.Linear(32, (HEADS + 2 * KV_HEADS) * HEAD_SIZE)
-        self.attn = torch.nn.ModuleList(
-            Attention(
-                HEADS,
-                HEAD_SIZE,
-                HEAD_SIZE**-0.5,
-                KV_HEADS,
-                prefix=f"{prefix}.{i}",
-                block_size=BLOCK_SIZE,
-                backend=CpuSdpaBackend,
-            )
-            for i in range(2)
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for attn in self.attn:
-            q, k, v = self.qkv(x).split(
-                [HEADS * HEAD_SIZE, KV_HEADS * HEAD_SIZE, KV_HEADS * HEAD_SIZE], dim=-1
-            )
-            x = x + attn(q, k, v)[:, :32]
-        return x
+def two_layers() -> TwoLayers:
+    return TwoLayers(CpuSdpaBackend, block_size=BLOCK_SIZE)
 
 
 def metadata_for(query_lens: list[int]):
@@ -65,7 +39,7 @@ def test_the_op_is_the_default_splitting_op():
 
 
 def test_layer_matches_the_reference_on_a_prefill():
-    model = TwoLayers()
+    model = two_layers()
     allocate_kv_caches(model, num_blocks=8)
     q, k, v = torch.randn(5, HEADS * HEAD_SIZE), torch.randn(5, 32), torch.randn(5, 32)
     with set_forward_context(metadata_for([5])):
@@ -80,7 +54,7 @@ def test_layer_matches_the_reference_on_a_prefill():
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_dynamo_traces_the_model_without_a_graph_break(backend):
-    model = TwoLayers()
+    model = two_layers()
     allocate_kv_caches(model, num_blocks=8)
     graphs = []
 
@@ -103,7 +77,7 @@ def test_dynamo_traces_the_model_without_a_graph_break(backend):
 
 
 def test_no_metadata_zero_fills_and_leaves_the_cache_alone():
-    model = TwoLayers()
+    model = two_layers()
     allocate_kv_caches(model, num_blocks=8)
     layer = model.attn[0]
     out = torch.full((3, HEADS, HEAD_SIZE), 7.0)
@@ -116,7 +90,7 @@ def test_no_metadata_zero_fills_and_leaves_the_cache_alone():
 
 
 def test_metadata_per_layer_is_looked_up_by_name():
-    model = TwoLayers()
+    model = two_layers()
     allocate_kv_caches(model, num_blocks=8)
     x = torch.randn(3, 32)
     names = [attn.layer_name for attn in model.attn]
@@ -132,7 +106,7 @@ def test_metadata_per_layer_is_looked_up_by_name():
 
 
 def test_layer_without_a_cache_names_the_fix():
-    model = TwoLayers()
+    model = two_layers()
     with set_forward_context(metadata_for([2])), pytest.raises(RuntimeError, match="allocate_kv"):
         model(torch.randn(2, 32))
 
@@ -177,7 +151,7 @@ def test_a_model_built_after_another_died_reuses_its_layer_names():
 
 
 def test_allocate_kv_caches_uses_the_backend_shape_and_binds_each_layer():
-    model = TwoLayers()
+    model = two_layers()
     caches = allocate_kv_caches(model, num_blocks=5, dtype=torch.bfloat16)
     assert set(caches) == {attn.layer_name for attn in model.attn}
     for attn in model.attn:

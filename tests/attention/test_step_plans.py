@@ -9,38 +9,24 @@ plan that held anything of the first layer would give the others its results.
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
+from attention_models import HEAD_SIZE, HEADS, KV_HEADS, attention_layers
 
-from slotwise.attention import Attention, AttentionMetadataBuilder, allocate_kv_caches
+from slotwise.attention import AttentionMetadataBuilder, allocate_kv_caches
 from slotwise.forward_context import set_forward_context
 from slotwise.testing.conformance.reference_attention import causal_attention
 from slotwise_ascend_stub.attention import AscendStubReferenceBackend
 from slotwise_cpu.attention import CpuSdpaBackend
 
-HEADS, KV_HEADS, HEAD_SIZE, BLOCK_SIZE, LAYERS = 4, 2, 16, 4, 3
-_names = itertools.count()
+BLOCK_SIZE, LAYERS = 4, 3
 
 #: Query lengths per step of three requests (decodes first), each growing step to step.
 STEPS = [[6, 3, 5], [1, 1, 1], [1, 5, 2], [1, 1, 1]]
 
 
 def layers(backend: type) -> torch.nn.ModuleList:
-    prefix = f"step_plan_test.{next(_names)}"
-    model = torch.nn.ModuleList(
-        Attention(
-            HEADS,
-            HEAD_SIZE,
-            HEAD_SIZE**-0.5,
-            KV_HEADS,
-            prefix=f"{prefix}.{i}",
-            block_size=BLOCK_SIZE,
-            backend=backend,
-        )
-        for i in range(LAYERS)
-    )
+    model = attention_layers(backend, LAYERS, block_size=BLOCK_SIZE)
     allocate_kv_caches(model, num_blocks=32)
     return model
 

@@ -14,32 +14,19 @@ from typing import Any
 import pytest
 import torch
 from support import clean_env
+from test_device_identity_keys import VendorPlatform
 
 from slotwise.compilation.cache import cache_key
 from slotwise.compilation.cache.compile_cache import FACTORS_FILE, CompileCache
 from slotwise.compilation.compilers import EagerCompiler
 from slotwise.compilation.config import CompilationConfig
-from slotwise.platforms import Platform, get_current_platform, use_platform
+from slotwise.platforms import get_current_platform, use_platform
 
 GROUPS = {"versions", "config", "traced_code", "compiler", "device"}
 
 
 class OtherEagerCompiler(EagerCompiler):
     """Another compiler class, with the same (empty) settings."""
-
-
-class VendorPlatform(Platform):
-    """A platform whose device says which generation it is."""
-
-    name = "vendor"
-    device_type = "cpu"
-
-    def __init__(self, generation: str) -> None:
-        super().__init__()
-        self.generation = generation
-
-    def device_identity(self, **kwargs: Any) -> dict[str, str]:
-        return {**super().device_identity(), "generation": self.generation}
 
 
 def folder(

@@ -35,6 +35,7 @@ from slotwise.compilation.warm_start.paths import (
     Path,
     Unpersistable,
     gatherable,
+    lookups,
     path_of,
     path_resolver,
 )
@@ -147,9 +148,7 @@ def _expression(path: Path, self_name: str, arguments: set[str]) -> str:
         text = f"_slotwise_M[{name!r}]"
     else:
         raise Unpersistable(f"a graph input comes from {kind} {name!r}")
-    for step, value in path[1:]:
-        text += {"attr": f".{value}", "item": f"[{value!r}]", "size": f".size({value})"}[step]
-    return text
+    return text + lookups(path[1:])
 
 
 def _plain_callable(compiled: Callable[..., Any]) -> Callable[..., Any]:

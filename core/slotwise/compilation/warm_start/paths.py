@@ -14,7 +14,7 @@ from __future__ import annotations
 import builtins
 import importlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # A path from the call's frame to a value: a root, ("local", name) | ("global", name) |
@@ -160,6 +160,12 @@ def gatherable(path: Path) -> bool:
     )
 
 
+def lookups(steps: Sequence[tuple[str, Any]]) -> str:
+    """Python text of a path's attribute, item and size steps, after its root."""
+    text = {"attr": ".{}", "item": "[{!r}]", "size": ".size({})"}
+    return "".join(text[kind].format(value) for kind, value in steps)
+
+
 def gatherer(
     paths: list[Path], scope: dict[str, Any]
 ) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
@@ -174,10 +180,7 @@ def gatherer(
         if not gatherable(path):
             raise ValueError(f"bad input path {path}")
         (root, name), steps = path[0], path[1:]
-        text = f"{_GATHER_ROOTS[root]}[{name!r}]"
-        for kind, value in steps:
-            text += {"attr": f".{value}", "item": f"[{value!r}]", "size": f".size({value})"}[kind]
-        expressions.append(text)
+        expressions.append(f"{_GATHER_ROOTS[root]}[{name!r}]{lookups(steps)}")
     source = f"lambda L: ({''.join(e + ', ' for e in expressions)})"
     namespace = {"__builtins__": {}, "G": scope, "M": sys.modules}
     return eval(compile(source, "<slotwise warm start inputs>", "eval"), namespace)
