@@ -128,11 +128,8 @@ class AscendStubReferenceImpl(AttentionImpl):
         values = values.repeat_interleave(self.num_queries_per_kv, dim=2)
         query = q[:num_tokens].float()  # [reqs, heads, D]
         scores = torch.einsum("rhd,rjhd->rhj", query, keys.float()) * self.scale
-        past_end = metadata.step_cache.get(("ASCEND_STUB_REFERENCE", "past_end", keys.shape[1]))
-        if past_end is None:  # the same for every layer: masked once per step
-            positions = torch.arange(keys.shape[1], device=q.device)
-            past_end = positions[None, None, :] >= metadata.seq_lens[:, None, None]
-            metadata.step_cache[("ASCEND_STUB_REFERENCE", "past_end", keys.shape[1])] = past_end
+        positions = torch.arange(keys.shape[1], device=q.device)
+        past_end = positions[None, None, :] >= metadata.seq_lens[:, None, None]
         probs = scores.masked_fill(past_end, float("-inf")).softmax(dim=-1)
         out = torch.einsum("rhj,rjhd->rhd", probs, values.float())
         output[:num_tokens] = out.to(output.dtype)
