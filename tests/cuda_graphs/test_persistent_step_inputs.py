@@ -9,18 +9,15 @@ whose inputs or metadata were not written where the graph reads them gives wrong
 from __future__ import annotations
 
 import pytest
-import torch
-from runner_cases import _lazy_captures_after_each_test  # noqa: F401 - used by name
+from runner_cases import (  # noqa: F401 - the fixture is used by name
+    MAX_MODEL_LEN,
+    Twins,
+    _lazy_captures_after_each_test,
+)
 
-from slotwise.compilation import CompilationConfig
-from slotwise.models.llama import build_llama
 from slotwise.runner import model_runner
-from slotwise.runner.model_runner import ModelRunner
 from slotwise_ascend_stub.attention import AscendStubReferenceBackend
 from slotwise_cpu.attention import CpuSdpaBackend
-
-SIZES = [1, 2, 4, 8]
-MAX_MODEL_LEN = 64  # 4 blocks of 16: the block table's fixed width
 
 #: Graph mode -> an attention backend that can be captured in it.
 MODES = {
@@ -28,47 +25,6 @@ MODES = {
     "PIECEWISE": CpuSdpaBackend,
     "FULL_AND_PIECEWISE": AscendStubReferenceBackend,
 }
-
-
-class Twins:
-    """A runner in ``graph_mode`` and its eager twin, stepped together over their own
-    copies of the same requests; every step's logits are compared."""
-
-    def __init__(self, graph_mode: str) -> None:
-        config = CompilationConfig(
-            level=3, backend="eager", capture_sizes=SIZES, graph_mode=graph_mode
-        )
-        eager = CompilationConfig(level=0)
-        self.runners = [
-            ModelRunner(
-                build_llama("tiny", seed=0, compilation_config=c),
-                num_blocks=32,
-                max_model_len=MAX_MODEL_LEN,
-            )
-            for c in (config, eager)
-        ]
-        self.requests: dict[str, tuple] = {}
-
-    def join(self, name: str, prompt: list[int]) -> None:
-        self.requests[name] = tuple(
-            runner.add_requests([prompt], MAX_MODEL_LEN - len(prompt))[0] for runner in self.runners
-        )
-
-    def leave(self, name: str) -> None:
-        for runner, request in zip(self.runners, self.requests.pop(name), strict=True):
-            runner.free([request])
-
-    def step(self, names: list[str]) -> None:
-        """One step of both runners over the requests ``names``, in that order; each
-        request then gets the eager step's greedy token."""
-        graphs, eager = (
-            runner.step([self.requests[name][i] for name in names])
-            for i, runner in enumerate(self.runners)
-        )
-        torch.testing.assert_close(graphs, eager, rtol=1e-4, atol=1e-4)
-        for name, token in zip(names, eager.argmax(-1).tolist(), strict=True):
-            for request in self.requests[name]:
-                request.tokens.append(token)
 
 
 @pytest.fixture

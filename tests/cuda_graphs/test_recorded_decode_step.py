@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runner_cases import _lazy_captures_after_each_test  # noqa: F401 - used by name
+from runner_cases import (  # noqa: F401 - the fixture is used by name
+    Twins,
+    _lazy_captures_after_each_test,
+)
 
 from slotwise.attention import allocate_kv_caches
-from slotwise.compilation import CompilationConfig, StaticGraphError
+from slotwise.compilation import StaticGraphError
 from slotwise.compilation.decorators import compiled_forward_of
 from slotwise.compilation.static_graphs import recorded_step
 from slotwise.compilation.static_graphs.wrapper import StaticGraphWrapper
-from slotwise.models.llama import build_llama
-from slotwise.runner.model_runner import ModelRunner
 from slotwise_ascend_stub.attention import AscendStubReferenceBackend
 from slotwise_cpu.attention import CpuSdpaBackend
-
-SIZES = [1, 2, 4, 8]
-MAX_MODEL_LEN = 64
 
 #: Graph mode -> an attention backend that can be captured in it.
 MODES = {"PIECEWISE": CpuSdpaBackend, "FULL_AND_PIECEWISE": AscendStubReferenceBackend}
@@ -51,47 +49,6 @@ class Counting:
 
     def reset(self) -> None:
         self.wrapper_calls = self.recorded_runs = 0
-
-
-class Twins:
-    """A graph runner and its eager twin over copies of the same requests."""
-
-    def __init__(self, graph_mode: str) -> None:
-        config = CompilationConfig(
-            level=3, backend="eager", capture_sizes=SIZES, graph_mode=graph_mode
-        )
-        self.runners = [
-            ModelRunner(
-                build_llama("tiny", seed=0, compilation_config=c),
-                num_blocks=32,
-                max_model_len=MAX_MODEL_LEN,
-            )
-            for c in (config, CompilationConfig(level=0))
-        ]
-        self.graph = self.runners[0]
-        self.requests: dict[str, tuple] = {}
-
-    def join(self, name: str, prompt: list[int]) -> None:
-        self.requests[name] = tuple(
-            r.add_requests([prompt], MAX_MODEL_LEN - len(prompt))[0] for r in self.runners
-        )
-
-    def leave(self, name: str) -> None:
-        for runner, request in zip(self.runners, self.requests.pop(name), strict=True):
-            runner.free([request])
-
-    def step(self, names: list[str]) -> None:
-        graphs, eager = (
-            runner.step([self.requests[name][i] for name in names])
-            for i, runner in enumerate(self.runners)
-        )
-        torch.testing.assert_close(graphs, eager, rtol=1e-4, atol=1e-4)
-        for name, token in zip(names, eager.argmax(-1).tolist(), strict=True):
-            for request in self.requests[name]:
-                request.tokens.append(token)
-
-    def recorded(self) -> list[int]:
-        return sorted(g.padded_size for g in self.graph.recorded_steps or {})
 
 
 def decoding_twins(graph_mode: str, names: tuple[str, ...] = ("a", "b", "c")) -> Twins:
