@@ -122,7 +122,7 @@ def measure(case: dict[str, Any], iterations: int) -> dict[str, Any]:
 def build_report(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from slotwise.decode_benchmark import measure_read_bandwidth
+    from slotwise_engine.bench.decode import measure_read_bandwidth
 
     if args.threads:
         torch.set_num_threads(args.threads)

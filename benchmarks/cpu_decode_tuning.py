@@ -24,7 +24,7 @@ Two parts, each interleaved round by round, in one process:
    that is the rest of the step (Python, dispatch, the other kernels).
 
 Every variant's logits are compared with eager's.  The roofline is the bytes a step
-reads over the probed read bandwidth (``slotwise.decode_benchmark``), at the run's
+reads over the probed read bandwidth (``slotwise_engine.bench.decode``), at the run's
 thread count.  Results go to ``<out-dir>/cpu_decode_tuning.json`` and ``.md``.
 """
 
@@ -76,7 +76,7 @@ LEVEL3_VARIANTS: dict[str, tuple[dict[str, Any], bool, int | None]] = {
 
 
 def weight_shapes() -> list[tuple[int, int]]:
-    from slotwise.models.llama import PRESETS
+    from slotwise_engine.models.llama import PRESETS
 
     c = PRESETS["small"]
     head = c.hidden_size // c.num_heads
@@ -198,7 +198,7 @@ def level3_steps(
     import torch
 
     from slotwise.compilation.config import CompilationConfig
-    from slotwise.decode_benchmark import DecodeStep, setup_variant
+    from slotwise_engine.bench.decode import DecodeStep, setup_variant
 
     steps: dict[str, Callable[[], Any]] = {}
     logits: dict[str, Any] = {}
@@ -256,7 +256,7 @@ def step_products(model: Any, threads: int) -> Callable[[], Any]:
 def build_report(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from slotwise.decode_benchmark import measure_read_bandwidth
+    from slotwise_engine.bench.decode import measure_read_bandwidth
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -127,7 +127,7 @@ def transformers_compiled(folder: Path, dtype: Any) -> Callable[[Any], Step]:
     import torch
     import transformers
 
-    from slotwise.decode_benchmark import torch_compile_options
+    from slotwise_engine.bench.decode import torch_compile_options
 
     device = platform_device()
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
@@ -164,8 +164,8 @@ def transformers_compiled(folder: Path, dtype: Any) -> Callable[[Any], Step]:
 
 
 def slotwise_runner(folder: Path, level: int, dtype: Any) -> Callable[[Any], Step]:
-    from slotwise.models import load_model
-    from slotwise.runner.model_runner import ModelRunner
+    from slotwise_engine.models import load_model
+    from slotwise_engine.runner.model_runner import ModelRunner
 
     model = load_model(folder, dtype=dtype, compilation_config={"level": level})
     runner = ModelRunner(model, num_blocks=64)

@@ -34,11 +34,11 @@ import torch
 from common import add_output_args, configure_logging, publish, verdict
 
 from slotwise.compilation.config import CompilationConfig
-from slotwise.decode_benchmark import VariantSetup, run_benchmark
 from slotwise.platforms import current_platform
-from slotwise.runner.model_runner import ModelRunner, Request
-from slotwise.runner.sampling import Sampler, SamplingParams
 from slotwise.stats import interleaved_timings, percentile
+from slotwise_engine.bench.decode import VariantSetup, run_benchmark
+from slotwise_engine.runner.model_runner import ModelRunner, Request
+from slotwise_engine.runner.sampling import Sampler, SamplingParams
 
 LOG = logging.getLogger("slotwise.benchmarks")
 

@@ -1,4 +1,4 @@
-"""Measure how fast ``slotwise.models.load_model`` reads a Hugging Face checkpoint.
+"""Measure how fast ``slotwise_engine.models.load_model`` reads a Hugging Face checkpoint.
 
 Why: a loader should cost about the time to read the weights' bytes; building the
 model first with random weights, or copying every tensor twice, would double it.
@@ -114,8 +114,8 @@ def variants(folder: Path) -> dict[str, Callable[[], Any]]:
     import torch
     from safetensors.torch import load_file
 
-    from slotwise.models import load_model
-    from slotwise.models.checkpoint import Checkpoint
+    from slotwise_engine.models import load_model
+    from slotwise_engine.models.checkpoint import Checkpoint
 
     files = sorted(folder.glob("*.safetensors"))
     halves = {

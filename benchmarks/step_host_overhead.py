@@ -88,11 +88,11 @@ from slotwise.compilation.static_graphs.wrapper import (
 )
 from slotwise.forward_context import set_forward_context
 from slotwise.layers.logits import LogitsHead
-from slotwise.models.llama import PRESETS, build_llama
 from slotwise.platforms import Platform, get_current_platform, use_platform
-from slotwise.runner.model_runner import ModelRunner, Request
-from slotwise.runner.sampling import Sampler, SamplingParams
-from slotwise.runner.step_inputs import StepBuffers, StepInputs
+from slotwise_engine.models.llama import PRESETS, build_llama
+from slotwise_engine.runner.model_runner import ModelRunner, Request
+from slotwise_engine.runner.sampling import Sampler, SamplingParams
+from slotwise_engine.runner.step_inputs import StepBuffers, StepInputs
 
 GRAPH_MODES = ("PIECEWISE", "FULL_AND_PIECEWISE")
 #: The most a step may take, as a multiple of the reference, per graph mode.

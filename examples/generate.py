@@ -16,8 +16,8 @@ import logging
 
 from slotwise.cli.arguments import MAX_TOKENS, int_in
 from slotwise.compilation import CompilationConfig
-from slotwise.models.llama import PRESETS, build_llama
-from slotwise.runner.model_runner import ModelRunner, check_prompts
+from slotwise_engine.models.llama import PRESETS, build_llama
+from slotwise_engine.runner.model_runner import ModelRunner, check_prompts
 
 
 def parse_prompt(text: str) -> list[int]:

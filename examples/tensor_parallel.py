@@ -20,8 +20,8 @@ import sys
 
 from slotwise.compilation import CompilationConfig
 from slotwise.distributed import init_distributed, shutdown_distributed
-from slotwise.models.llama import PRESETS, build_llama
-from slotwise.runner.model_runner import ModelRunner
+from slotwise_engine.models.llama import PRESETS, build_llama
+from slotwise_engine.runner.model_runner import ModelRunner
 
 PROMPTS = [[1, 5, 9, 3], [7, 7, 2], [42, 11, 100, 3, 4, 5]]
 #: What torchrun tells its workers; the single-process reference must not see it.

@@ -134,7 +134,7 @@ def test_a_model_built_after_another_died_reuses_its_layer_names():
     number lets a process that built (and dropped) other models first find the compile
     cache entries of a process that built only this one."""
     from slotwise.compilation import CompilationConfig
-    from slotwise.models.llama import build_llama
+    from slotwise_engine.models.llama import build_llama
 
     def prefixes(model: torch.nn.Module) -> set[str]:
         return {m.layer_name.split(".")[0] for m in model.modules() if isinstance(m, Attention)}

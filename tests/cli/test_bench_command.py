@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from support import clean_env
 
-from slotwise import decode_benchmark
 from slotwise.compilation.config import ENV_CONFIG, CompilationConfig
-from slotwise.models.llama import PRESETS
+from slotwise_engine.bench import decode as decode_benchmark
+from slotwise_engine.models.llama import PRESETS
 
 # The module: the package slotwise.cli exports its main() under the same name.
 cli_main = importlib.import_module("slotwise.cli.main")

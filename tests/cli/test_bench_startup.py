@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from support import clean_env
 
-from slotwise import startup_benchmark
-from slotwise.engine_cli.bench_command import render_startup
-from slotwise.startup_benchmark import PHASES, VARIANTS
+from slotwise_engine.bench import startup as startup_benchmark
+from slotwise_engine.bench.startup import PHASES, VARIANTS
+from slotwise_engine.cli.bench_command import render_startup
 
 # The module: the package slotwise.cli exports its main() under the same name.
 cli_main = importlib.import_module("slotwise.cli.main")

@@ -13,11 +13,11 @@ import pytest
 from support import clean_env
 from torch._dynamo.utils import counters as dynamo_counters
 
-from slotwise import decode_benchmark
 from slotwise.compilation.config import CompilationConfig
-from slotwise.decode_benchmark import ReadBandwidth
 from slotwise.platforms import use_platform
 from slotwise_ascend_stub.platform import AscendStubPlatform
+from slotwise_engine.bench import decode as decode_benchmark
+from slotwise_engine.bench.decode import ReadBandwidth
 
 DISABLED = "TORCH_COMPILE_DISABLE=1 switches torch.compile off"
 

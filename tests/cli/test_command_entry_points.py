@@ -10,11 +10,10 @@ import importlib
 import importlib.metadata
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support import Distributions, clean_env
+from support import Distributions
 
 from slotwise.cli.command_entry_points import COMMAND_GROUP, find_commands
 
@@ -241,45 +240,3 @@ def test_without_the_engine_its_commands_say_what_to_install():
         "new-plugin)"
     )
     assert cli_main._unavailable("env", commands) is None
-
-
-def test_without_the_engine_its_modules_fail_with_the_package_to_install():
-    # The core alone on sys.path (no site-packages, so no engine): its finder answers,
-    # for a submodule too (its parent package is the first import to fail).
-    code = (
-        "import slotwise\n"
-        "for name in ('slotwise.models', 'slotwise.runner.model_runner', "
-        "'slotwise.decode_benchmark'):\n"
-        "    try:\n"
-        "        __import__(name)\n"
-        "    except ModuleNotFoundError as exc:\n"
-        "        print(exc.name, '|', exc)\n"
-        "    else:\n"
-        "        print(name, 'imported')\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-S", "-c", code],
-        env=clean_env(PYTHONPATH=str(CORE)),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    message = "is part of the slotwise-engine distribution, which is not installed: "
-    assert done.stdout.splitlines() == [
-        f"slotwise.models | slotwise.models {message}pip install slotwise-engine",
-        f"slotwise.runner | slotwise.runner {message}pip install slotwise-engine",
-        f"slotwise.decode_benchmark | slotwise.decode_benchmark {message}pip install "
-        "slotwise-engine",
-    ]
-
-
-def test_with_the_engine_installed_its_modules_join_the_slotwise_package():
-    import slotwise
-    import slotwise.models
-    import slotwise.runner.model_runner
-
-    engine = Path(slotwise.models.__file__).resolve().parents[1]
-    assert engine != Path(slotwise.__file__).resolve().parent
-    assert not (engine / "__init__.py").exists()
-    assert callable(slotwise.models.load_model)

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slotwise import decode_benchmark
 from slotwise.attention import allocate_kv_caches
 from slotwise.compilation import CompilationConfig
-from slotwise.decode_benchmark import ReadBandwidth, bytes_per_step, measure_read_bandwidth
-from slotwise.models.llama import PRESETS, LlamaForCausalLM
 from slotwise.platforms import get_current_platform
+from slotwise_engine.bench import decode as decode_benchmark
+from slotwise_engine.bench.decode import ReadBandwidth, bytes_per_step, measure_read_bandwidth
+from slotwise_engine.models.llama import PRESETS, LlamaForCausalLM
 
 #: Llama-3.2-1B's published parameter count (tied embeddings: the LM head is the table).
 LLAMA_3_2_1B_PARAMETERS = 1_235_814_400

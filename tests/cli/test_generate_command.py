@@ -229,7 +229,7 @@ def test_model_and_prompt_are_required(generate, capsys, missing):
 
 def checks_before_loading(monkeypatch) -> None:
     """Make any model load fail the test: these errors must come first."""
-    import slotwise.models.loader as loader
+    import slotwise_engine.models.loader as loader
 
     def load_model(*args: object, **kwargs: object) -> None:
         raise AssertionError("the model was loaded before the arguments were checked")

@@ -143,7 +143,7 @@ def test_a_broken_entry_of_a_chat_template_list_is_named(folder, generate, entry
 def test_the_default_of_a_chat_template_list_renders_as_transformers_renders_it(folder):
     import transformers
 
-    from slotwise.models.tokenizer import Tokenizer
+    from slotwise_engine.models.tokenizer import Tokenizer
 
     config_path = folder / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
@@ -212,7 +212,7 @@ TRUNCATE_WHILE_LOADING = """
 import os, sys
 from pathlib import Path
 from slotwise.cli.main import main
-from slotwise.models import checkpoint
+from slotwise_engine.models import checkpoint
 
 opened = checkpoint.Checkpoint.__init__
 

@@ -12,8 +12,8 @@ COMPILER_MODULES = ("torch._dynamo", "torch._inductor", "sympy")
 _GENERATE = """
 import json, sys
 import torch
-from slotwise.models.llama import build_llama
-from slotwise.runner.model_runner import ModelRunner
+from slotwise_engine.models.llama import build_llama
+from slotwise_engine.runner.model_runner import ModelRunner
 
 runner = ModelRunner(build_llama("tiny", compilation_config={level}), num_blocks=8)
 tokens = runner.generate([[1, 5, 9, 3]], 2)

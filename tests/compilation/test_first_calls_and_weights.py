@@ -24,9 +24,9 @@ from slotwise.compilation import (
     support_torch_compile,
 )
 from slotwise.compilation.compilers import CompiledPiece, EagerCompiler
-from slotwise.models.llama import build_llama
-from slotwise.runner.model_runner import ModelRunner
 from slotwise.testing.toy_models import TOY_SPLITTING_OPS, ToyTransformer
+from slotwise_engine.models.llama import build_llama
+from slotwise_engine.runner.model_runner import ModelRunner
 
 SIZES = (0, 1, 2, 5, 9)
 
@@ -66,8 +66,8 @@ LLAMA_PROMPTS = [[1, 5, 9, 3], [7, 7, 2], [42, 11, 100, 3, 4, 5, 6, 7, 8]]
 GENERATE_IN_A_NEW_PROCESS = """
 import json, sys
 from slotwise.compilation import CompilationConfig, counters
-from slotwise.models.llama import build_llama
-from slotwise.runner.model_runner import ModelRunner
+from slotwise_engine.models.llama import build_llama
+from slotwise_engine.runner.model_runner import ModelRunner
 config = CompilationConfig(level=3, backend="inductor", cache_dir=sys.argv[1])
 runner = ModelRunner(build_llama("tiny", seed=int(sys.argv[2]), compilation_config=config),
                      num_blocks=32)

@@ -9,8 +9,8 @@ import torch
 
 from slotwise.compilation import CompilationConfig
 from slotwise.compilation.static_graphs.contract import reset_capture_window
-from slotwise.models.llama import LlamaConfig, build_llama
-from slotwise.runner.model_runner import ModelRunner
+from slotwise_engine.models.llama import LlamaConfig, build_llama
+from slotwise_engine.runner.model_runner import ModelRunner
 
 #: 7 prompt tokens: the prefill pads to capture size 8, the decodes of 3 to 4.
 PROMPTS = [[1, 5, 9], [7, 7], [42, 11]]

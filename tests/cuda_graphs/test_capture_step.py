@@ -1,4 +1,4 @@
-"""slotwise.runner's capture step with the CPU graph API."""
+"""slotwise_engine.runner's capture step with the CPU graph API."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from slotwise.compilation import CompilationConfig, GraphMode, counters
 from slotwise.compilation.static_graphs.contract import StaticGraphError, reset_capture_window
 from slotwise.compilation.static_graphs.dispatcher import CaptureCase, GraphDispatcher
 from slotwise.platforms import get_current_platform
-from slotwise.runner.capture import capture_graphs
 from slotwise.testing.toy_models import TOY_SPLITTING_OPS, SillyModel
+from slotwise_engine.runner.capture import capture_graphs
 
 
 @pytest.fixture

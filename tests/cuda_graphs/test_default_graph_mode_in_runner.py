@@ -13,10 +13,10 @@ import torch
 
 from slotwise.compilation import CompilationConfig, GraphMode
 from slotwise.compilation.static_graphs.contract import reset_capture_window
-from slotwise.models.llama import PRESETS, build_llama
-from slotwise.runner.model_runner import ModelRunner
 from slotwise_ascend_stub.attention import AscendStubReferenceBackend
 from slotwise_cpu.attention import CpuSdpaBackend
+from slotwise_engine.models.llama import PRESETS, build_llama
+from slotwise_engine.runner.model_runner import ModelRunner
 
 SIZES = [1, 2, 4, 8]
 PIECES = PRESETS["tiny"].num_layers + 1

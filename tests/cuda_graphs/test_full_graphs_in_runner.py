@@ -16,11 +16,11 @@ from runner_cases import (  # noqa: F401 - the fixture is used by name
 )
 
 from slotwise.compilation import CompilationConfig, ConfigError, counters
-from slotwise.models.llama import PRESETS, build_llama
-from slotwise.runner.model_runner import ModelRunner
 from slotwise_ascend_stub.attention import AscendStubReferenceBackend
 from slotwise_cpu.attention import CpuSdpaBackend
 from slotwise_cuda.attention import TritonPagedBackend
+from slotwise_engine.models.llama import PRESETS, build_llama
+from slotwise_engine.runner.model_runner import ModelRunner
 
 
 def runners(preset, graph_mode: str) -> tuple[ModelRunner, ModelRunner]:

@@ -14,10 +14,10 @@ import torch
 from slotwise.attention import AttentionMetadataBuilder
 from slotwise.compilation import CompilationConfig, counters
 from slotwise.compilation.static_graphs.contract import reset_capture_window
-from slotwise.models.llama import LlamaConfig, build_llama
-from slotwise.runner.model_runner import ModelRunner
 from slotwise_cpu.attention import CpuSdpaBackend
 from slotwise_cuda.attention import TritonPagedBackend, TritonPagedImpl
+from slotwise_engine.models.llama import LlamaConfig, build_llama
+from slotwise_engine.runner.model_runner import ModelRunner
 
 #: The tiny preset with head size 32, which the Triton kernels take.
 TINY_HEAD_32 = LlamaConfig(

@@ -15,9 +15,9 @@ from runner_cases import (  # noqa: F401 - the fixture is used by name
     _lazy_captures_after_each_test,
 )
 
-from slotwise.runner import model_runner
 from slotwise_ascend_stub.attention import AscendStubReferenceBackend
 from slotwise_cpu.attention import CpuSdpaBackend
+from slotwise_engine.runner import model_runner
 
 #: Graph mode -> an attention backend that can be captured in it.
 MODES = {

@@ -92,8 +92,8 @@ def test_full_graph_on_cuda(cuda_platform):
 @pytest.mark.parametrize("graph_mode", ["PIECEWISE", "FULL_AND_PIECEWISE", "FULL"])
 def test_runner_generates_the_eager_tokens_with_cuda_graphs(cuda_platform, graph_mode):
     from slotwise.compilation.static_graphs.contract import reset_capture_window
-    from slotwise.models.llama import build_llama
-    from slotwise.runner.model_runner import ModelRunner
+    from slotwise_engine.models.llama import build_llama
+    from slotwise_engine.runner.model_runner import ModelRunner
 
     prompts = [[1, 5, 9], [7, 7], [42, 11]]  # the prefill pads to 8, decodes to 4
     config = CompilationConfig(

@@ -7,8 +7,8 @@ import torch
 
 from slotwise.compilation import CompilationConfig, counters
 from slotwise.compilation.static_graphs.contract import reset_capture_window
-from slotwise.models.llama import PRESETS, build_llama
-from slotwise.runner.model_runner import ModelRunner
+from slotwise_engine.models.llama import PRESETS, build_llama
+from slotwise_engine.runner.model_runner import ModelRunner
 
 PROMPTS = [[1, 5, 9, 3], [7, 7, 2], [42, 11, 100]]
 

@@ -80,7 +80,7 @@ def test_reference_model_picks_up_the_replacement(dists):
         """
         import json
         from slotwise.layers import RMSNorm, SiluAndMul
-        from slotwise.models.llama import build_llama
+        from slotwise_engine.models.llama import build_llama
 
         model = build_llama("tiny", compilation_config={"level": 0})
         print(json.dumps({

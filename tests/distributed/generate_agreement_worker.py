@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import slotwise.distributed as sd
-from slotwise.models import load_model
-from slotwise.runner.model_runner import ModelRunner
+from slotwise_engine.models import load_model
+from slotwise_engine.runner.model_runner import ModelRunner
 
 LEVEL0 = {"level": 0}
 

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from slotwise.distributed import init_distributed, shutdown_distributed
-from slotwise.models import checkpoint as checkpoint_module
-from slotwise.models import load_model
-from slotwise.runner.model_runner import ModelRunner
+from slotwise_engine.models import checkpoint as checkpoint_module
+from slotwise_engine.models import load_model
+from slotwise_engine.runner.model_runner import ModelRunner
 
 bytes_read = 0
 CHECKPOINT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}

@@ -23,7 +23,7 @@ from models.hf_tokenizers import make_tokenizer
 from safetensors.torch import load_file, save_file
 from support import Finished, free_port, run_together, torchrun_env
 
-from slotwise.models.checkpoint_agreement import (
+from slotwise_engine.models.checkpoint_agreement import (
     CONFIG,
     LAYOUT,
     SAME_CHECKPOINT,
@@ -31,8 +31,8 @@ from slotwise.models.checkpoint_agreement import (
     WEIGHTS,
     checkpoint_facts,
 )
-from slotwise.runner.request_agreement import PROMPTS, SAMPLING, STOPPING, request_facts
-from slotwise.runner.sampling import SamplingParams
+from slotwise_engine.runner.request_agreement import PROMPTS, SAMPLING, STOPPING, request_facts
+from slotwise_engine.runner.sampling import SamplingParams
 
 WORKER = Path(__file__).with_name("generate_agreement_worker.py")
 ERROR = "slotwise generate: error: "

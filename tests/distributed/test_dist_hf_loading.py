@@ -19,12 +19,12 @@ from support import torchrun
 
 from slotwise.distributed import parallel_layers
 from slotwise.distributed import state as distributed_state
-from slotwise.models import load_model
-from slotwise.models.checkpoint import Checkpoint
-from slotwise.models.hf_config import HFConfig
-from slotwise.models.loader import load_weights
-from slotwise.models.registry import model_class
-from slotwise.runner.model_runner import ModelRunner
+from slotwise_engine.models import load_model
+from slotwise_engine.models.checkpoint import Checkpoint
+from slotwise_engine.models.hf_config import HFConfig
+from slotwise_engine.models.loader import load_weights
+from slotwise_engine.models.registry import model_class
+from slotwise_engine.runner.model_runner import ModelRunner
 
 WORKER = Path(__file__).resolve().parent / "hf_load_worker.py"
 PROMPTS = [[12, 5, 9], list(range(100, 124)), [299, 0, 1, 2, 3, 4, 5]]

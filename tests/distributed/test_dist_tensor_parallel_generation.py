@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from support import torchrun
 
-from slotwise.models.llama import PRESETS
+from slotwise_engine.models.llama import PRESETS
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tensor_parallel.py"
 

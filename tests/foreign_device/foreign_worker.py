@@ -18,9 +18,9 @@ from slotwise import current_platform
 from slotwise.compilation import CompilationConfig
 from slotwise.compilation.static_graphs.contract import reset_capture_window
 from slotwise.distributed import init_distributed, shutdown_distributed
-from slotwise.models.llama import build_llama
-from slotwise.models.loader import load_model
-from slotwise.runner.model_runner import ModelRunner
+from slotwise_engine.models.llama import build_llama
+from slotwise_engine.models.loader import load_model
+from slotwise_engine.runner.model_runner import ModelRunner
 
 PROMPTS = [[1, 5, 9, 3], [7, 7, 2], [42, 11, 100]]
 NEW_TOKENS = 5

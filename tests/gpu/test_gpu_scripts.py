@@ -117,8 +117,8 @@ def test_a_whole_step_decodes_the_same_position_again_and_again():
     # The whole-step timing runs a step many times on runners that hold blocks for one
     # decode step per request: each call takes its step back, so nothing grows.
     from slotwise.compilation.config import CompilationConfig
-    from slotwise.models.llama import build_llama
-    from slotwise.runner.model_runner import ModelRunner
+    from slotwise_engine.models.llama import build_llama
+    from slotwise_engine.runner.model_runner import ModelRunner
 
     module = gpu_decode()
     model = build_llama("tiny", seed=0, compilation_config=CompilationConfig(level=0))

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from slotwise.runner.model_runner import ModelRunner
+from slotwise_engine.runner.model_runner import ModelRunner
 
 SMALL = {
     "vocab_size": 300,

@@ -22,8 +22,8 @@ import pytest
 import torch
 from hf_checkpoints import make_checkpoint, reference_logits, run_steps
 
-from slotwise.models import load_model
-from slotwise.runner.model_runner import ModelRunner
+from slotwise_engine.models import load_model
+from slotwise_engine.runner.model_runner import ModelRunner
 
 PROMPTS = [[12, 5, 9], list(range(100, 140)), [299, 0, 1, 2, 3, 4, 5]]
 DECODE_STEPS = 6

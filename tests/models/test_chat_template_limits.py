@@ -10,8 +10,8 @@ import pytest
 import transformers
 from hf_tokenizers import make_tokenizer
 
-from slotwise.models import CheckpointError, chat_template
-from slotwise.models.tokenizer import Tokenizer
+from slotwise_engine.models import CheckpointError, chat_template
+from slotwise_engine.models.tokenizer import Tokenizer
 
 CHAT = [
     {"role": "system", "content": "You answer in one word."},

@@ -15,9 +15,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from slotwise.models import CheckpointError
-from slotwise.models import checkpoint as checkpoint_module
-from slotwise.models.checkpoint import Checkpoint
+from slotwise_engine.models import CheckpointError
+from slotwise_engine.models import checkpoint as checkpoint_module
+from slotwise_engine.models.checkpoint import Checkpoint
 
 pytestmark = pytest.mark.usefixtures("never_hang")
 

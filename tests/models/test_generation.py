@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from slotwise.compilation import CompilationConfig
-from slotwise.models.llama import build_llama
-from slotwise.runner.generation import Completion, generate
-from slotwise.runner.model_runner import ModelRunner
-from slotwise.runner.sampling import SamplingParams
+from slotwise_engine.models.llama import build_llama
+from slotwise_engine.runner.generation import Completion, generate
+from slotwise_engine.runner.model_runner import ModelRunner
+from slotwise_engine.runner.sampling import SamplingParams
 
 PROMPTS = [[1, 2, 3], [5], [42, 11, 100, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]]
 STEPS = 8

@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from slotwise.layers.rotary_embedding import RopeScaling, RotaryEmbedding
-from slotwise.models import CheckpointError, supported_architectures
-from slotwise.models.hf_config import HFConfig
-from slotwise.models.llama import LlamaForCausalLM
-from slotwise.models.mistral import MistralForCausalLM
-from slotwise.models.qwen2 import Qwen2ForCausalLM
-from slotwise.models.qwen3 import Qwen3ForCausalLM
-from slotwise.models.registry import model_class
+from slotwise_engine.models import CheckpointError, supported_architectures
+from slotwise_engine.models.hf_config import HFConfig
+from slotwise_engine.models.llama import LlamaForCausalLM
+from slotwise_engine.models.mistral import MistralForCausalLM
+from slotwise_engine.models.qwen2 import Qwen2ForCausalLM
+from slotwise_engine.models.qwen3 import Qwen3ForCausalLM
+from slotwise_engine.models.registry import model_class
 
 BASE = {
     "architectures": ["LlamaForCausalLM"],
@@ -369,8 +369,8 @@ def test_scaled_rope_serves_the_stretched_context(rope_parameters, context):
 
 def test_importing_slotwise_models_imports_neither_torch_nor_safetensors():
     code = (
-        "import sys, slotwise, slotwise.models\n"
-        "assert issubclass(slotwise.models.CheckpointError, ValueError)\n"
+        "import sys, slotwise, slotwise_engine.models\n"
+        "assert issubclass(slotwise_engine.models.CheckpointError, ValueError)\n"
         "print(json.dumps(sorted(m.split('.')[0] for m in sys.modules\n"
         "    if m.split('.')[0] in ('torch', 'safetensors', 'tokenizers', 'transformers'))))"
     )

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from hf_checkpoints import make_checkpoint, reference_greedy, run_steps
 
-from slotwise.models import CheckpointError, load_model
-from slotwise.models.hf_config import HFConfig
-from slotwise.models.registry import model_class
-from slotwise.runner.model_runner import ModelRunner
+from slotwise_engine.models import CheckpointError, load_model
+from slotwise_engine.models.hf_config import HFConfig
+from slotwise_engine.models.registry import model_class
+from slotwise_engine.runner.model_runner import ModelRunner
 
 pytest.importorskip("transformers")
 

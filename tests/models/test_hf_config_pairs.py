@@ -25,10 +25,10 @@ import torch
 from hf_checkpoints import SMALL, run_steps
 from safetensors.torch import load_file, save_file
 
-from slotwise.models import CheckpointError, load_model
-from slotwise.models.hf_config import HFConfig
-from slotwise.models.registry import model_class
-from slotwise.runner.model_runner import ModelRunner
+from slotwise_engine.models import CheckpointError, load_model
+from slotwise_engine.models.hf_config import HFConfig
+from slotwise_engine.models.registry import model_class
+from slotwise_engine.runner.model_runner import ModelRunner
 
 transformers = pytest.importorskip("transformers")
 

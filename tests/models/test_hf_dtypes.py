@@ -17,8 +17,8 @@ import pytest
 import torch
 from hf_checkpoints import make_checkpoint, reference_logits
 
-from slotwise.models import load_model
-from slotwise.runner.model_runner import ModelRunner
+from slotwise_engine.models import load_model
+from slotwise_engine.runner.model_runner import ModelRunner
 
 PROMPTS = [[12, 5, 9], list(range(100, 124)), [299, 0, 1, 2, 3, 4, 5]]
 LEVEL0 = {"level": 0}

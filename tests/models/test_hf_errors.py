@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from slotwise.distributed import state as distributed_state
 from slotwise.errors import SlotwiseError
-from slotwise.models import CheckpointError, load_model, loader
+from slotwise_engine.models import CheckpointError, load_model, loader
 
 LEVEL0 = {"level": 0}
 

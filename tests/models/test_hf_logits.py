@@ -16,8 +16,8 @@ import torch
 from hf_checkpoints import SPECS, make_checkpoint, reference_logits, run_steps
 
 from slotwise.compilation import CompilationConfig
-from slotwise.models import load_model
-from slotwise.runner.model_runner import ModelRunner
+from slotwise_engine.models import load_model
+from slotwise_engine.runner.model_runner import ModelRunner
 
 PROMPT = [1, 17, 250, 3, 99, 42, 7, 7, 180, 5, 64]
 BATCH = [[12, 5, 9], list(range(100, 124)), [299, 0, 1, 2, 3, 4, 5]]

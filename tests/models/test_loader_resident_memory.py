@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from hf_checkpoints import make_checkpoint
 
-from slotwise.models import loader
 from slotwise.platforms import get_current_platform
+from slotwise_engine.models import loader
 
 
 def test_every_weight_is_advised_before_the_checkpoint_is_read(tmp_path, monkeypatch):

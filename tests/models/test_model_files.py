@@ -15,10 +15,10 @@ import torch
 from hf_tokenizers import make_tokenizer
 from safetensors.torch import save_file
 
-from slotwise.models import CheckpointError
-from slotwise.models.checkpoint import Checkpoint
-from slotwise.models.model_files import model_file, read_model_file
-from slotwise.models.tokenizer import Tokenizer
+from slotwise_engine.models import CheckpointError
+from slotwise_engine.models.checkpoint import Checkpoint
+from slotwise_engine.models.model_files import model_file, read_model_file
+from slotwise_engine.models.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.usefixtures("never_hang")
 
@@ -180,7 +180,7 @@ def test_an_index_that_is_a_fifo_is_refused(tmp_path):
 
 @pytest.mark.parametrize("kind", ["proc", "fifo"])
 def test_config_json_is_read_only_as_a_regular_file_of_the_folder(tmp_path, kind):
-    from slotwise.models.hf_config import HFConfig
+    from slotwise_engine.models.hf_config import HFConfig
 
     config = tmp_path / "config.json"
     if kind == "proc":

@@ -26,10 +26,10 @@ from support import clean_env
 from slotwise.compilation import CompilationConfig
 from slotwise.compilation.config import ENV_CONFIG
 from slotwise.errors import SlotwiseError
-from slotwise.models.llama import build_llama
-from slotwise.runner.generation import Completion, NonFiniteLogitsError, generate
-from slotwise.runner.model_runner import ModelRunner
-from slotwise.runner.sampling import SamplingParams
+from slotwise_engine.models.llama import build_llama
+from slotwise_engine.runner.generation import Completion, NonFiniteLogitsError, generate
+from slotwise_engine.runner.model_runner import ModelRunner
+from slotwise_engine.runner.sampling import SamplingParams
 
 cli_main = importlib.import_module("slotwise.cli.main")
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from slotwise.attention import AttentionMetadataBuilder
-from slotwise.models.llama import PRESETS, LlamaForCausalLM, build_llama
 from slotwise.platforms import use_platform
-from slotwise.runner.model_runner import ModelRunner
 from slotwise_ascend_stub.platform import AscendStubPlatform
+from slotwise_engine.models.llama import PRESETS, LlamaForCausalLM, build_llama
+from slotwise_engine.runner.model_runner import ModelRunner
 
 
 class MetaDeviceStub(AscendStubPlatform):

@@ -10,9 +10,9 @@ import torch
 
 from slotwise.compilation import CompilationConfig
 from slotwise.errors import SlotwiseError
-from slotwise.models.llama import build_llama
-from slotwise.runner.generation import TokenIdError, generate
-from slotwise.runner.model_runner import ModelRunner
+from slotwise_engine.models.llama import build_llama
+from slotwise_engine.runner.generation import TokenIdError, generate
+from slotwise_engine.runner.model_runner import ModelRunner
 
 PROMPTS = [[1, 2, 3, 4], [50, 40, 30, 20]]
 STEPS = 4

@@ -7,8 +7,8 @@ import pytest
 import torch
 from hf_checkpoints import edit_config, make_checkpoint, reference_greedy, run_steps
 
-from slotwise.models import load_model
-from slotwise.runner.model_runner import ModelRunner
+from slotwise_engine.models import load_model
+from slotwise_engine.runner.model_runner import ModelRunner
 
 pytest.importorskip("transformers")
 

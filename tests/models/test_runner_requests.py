@@ -9,8 +9,8 @@ import torch
 
 from slotwise.attention.kv_cache import OutOfBlocksError
 from slotwise.compilation import CompilationConfig
-from slotwise.models.llama import build_llama
-from slotwise.runner.model_runner import ModelRunner
+from slotwise_engine.models.llama import build_llama
+from slotwise_engine.runner.model_runner import ModelRunner
 
 PROMPTS = [[1, 5, 9, 3], [7, 7, 2]]
 MIXED = [[1, 2, 3], [5], [42, 11, 100, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16], [9]]

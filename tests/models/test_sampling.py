@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from slotwise.runner.sampling import Sampler, SamplingParams
+from slotwise_engine.runner.sampling import Sampler, SamplingParams
 
 VOCAB = 50
 

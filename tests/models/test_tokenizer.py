@@ -11,9 +11,9 @@ import pytest
 import transformers
 from hf_tokenizers import STYLES, make_tokenizer
 
-from slotwise.models import CheckpointError
-from slotwise.models.model_files import TEMPLATE_LIMIT
-from slotwise.models.tokenizer import Tokenizer
+from slotwise_engine.models import CheckpointError
+from slotwise_engine.models.model_files import TEMPLATE_LIMIT
+from slotwise_engine.models.tokenizer import Tokenizer
 
 VOCAB = {"llama3": 300, "qwen2": 300, "mistral": 400}
 TEXTS = [

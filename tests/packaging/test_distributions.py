@@ -16,7 +16,7 @@ DISTRIBUTIONS = {
     "slotwise_engine": (
         ROOT / "engine",
         "slotwise.cli_commands",
-        "generate = slotwise.engine_cli.generate_command",
+        "generate = slotwise_engine.cli.generate_command",
     ),
     "slotwise_cpu": (ROOT / "plugins/cpu", "slotwise.plugins", "cpu = slotwise_cpu.plugin"),
     "slotwise_cuda": (ROOT / "plugins/cuda", "slotwise.plugins", "cuda = slotwise_cuda.plugin"),
@@ -26,7 +26,7 @@ DISTRIBUTIONS = {
         "ascend_stub = slotwise_ascend_stub.plugin",
     ),
 }
-#: What each half of the ``slotwise`` package holds, and never the other's.
+#: What each distribution's wheel holds, and never the other's.
 CORE_FOLDER = "slotwise/platforms/"
 #: The engine's dependencies, as its wheel's metadata names them; the core's has none.
 MODEL_DEPENDENCIES = (
@@ -34,7 +34,7 @@ MODEL_DEPENDENCIES = (
     b"Requires-Dist: tokenizers",
     b"Requires-Dist: jinja2",
 )
-ENGINE_FOLDER = "slotwise/models/"
+ENGINE_FOLDER = "slotwise_engine/models/"
 
 
 @pytest.mark.slow

@@ -18,9 +18,10 @@ from slotwise.cli.new_plugin_command import render
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "core" / "slotwise"
-ENGINE = ROOT / "engine" / "slotwise"
-#: Both distributions' halves of the ``slotwise`` package.
+ENGINE = ROOT / "engine" / "slotwise_engine"
+#: The import packages of the two distributions, slotwise and slotwise-engine.
 PACKAGE_ROOTS = (CORE, ENGINE)
+PACKAGES = {CORE.name, ENGINE.name}
 PLUGINS = sorted((ROOT / "plugins").glob("*/slotwise_*"))
 
 #: Lowest first. A module belongs to the longest prefix listed. The engine's library
@@ -29,7 +30,7 @@ PLUGINS = sorted((ROOT / "plugins").glob("*/slotwise_*"))
 LAYERS: list[tuple[str, ...]] = [
     ("slotwise.errors", "slotwise.envs", "slotwise.version", "slotwise.api_versioning",
      "slotwise.import_path", "slotwise.stats", "slotwise.cache_permissions",
-     "slotwise.missing_distribution", "slotwise.config_error", "slotwise.graph_mode",
+     "slotwise.config_error", "slotwise.graph_mode",
      "slotwise.lazy_exports"),
     ("slotwise.plugins",),
     ("slotwise.platforms",),
@@ -38,11 +39,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("slotwise.compilation",),
     ("slotwise.custom_op", "slotwise.layers"),
     ("slotwise.plugin_api", "slotwise.testing", "slotwise"),
-    # the engine's library (engine/slotwise)
-    ("slotwise.models", "slotwise.runner", "slotwise.decode_benchmark",
-     "slotwise.startup_benchmark"),
+    # the engine's library (engine/slotwise_engine)
+    ("slotwise_engine",),
     # the command lines, the core's and the engine's
-    ("slotwise.cli", "slotwise.engine_cli", "slotwise.__main__"),
+    ("slotwise.cli", "slotwise_engine.cli", "slotwise.__main__"),
 ]  # fmt: skip
 
 
@@ -87,7 +87,7 @@ def imported_from_source(source: str, *, type_hints: bool = False) -> list[tuple
                 found.append((node.lineno, submodule if _is_module(submodule) else node.module))
         elif isinstance(node, ast.Import):
             found.extend((node.lineno, alias.name) for alias in node.names)
-    return [(line, name) for line, name in found if name.split(".")[0] == "slotwise"]
+    return [(line, name) for line, name in found if name.split(".")[0] in PACKAGES]
 
 
 def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
@@ -113,9 +113,8 @@ def _is_module(name: str, roots: tuple[Path, ...] = PACKAGE_ROOTS) -> bool:
 
 
 def _engine_module(name: str) -> bool:
-    """Whether ``name`` is, or is inside, a module of the engine distribution."""
-    parts = name.split(".")
-    return any(_is_module(".".join(parts[:n]), (ENGINE,)) for n in range(2, len(parts) + 1))
+    """Whether ``name`` is, or is inside, the engine distribution's package."""
+    return name.split(".")[0] == ENGINE.name
 
 
 def test_every_module_imports_only_its_layer_and_below():
@@ -198,15 +197,14 @@ def test_the_core_imports_no_module_of_the_engine():
     assert not violations, "the core imports the engine:\n" + "\n".join(violations)
 
 
-def test_the_engine_adds_modules_to_the_core_package_without_replacing_it():
-    # No engine/slotwise/__init__.py: the core's __init__ extends the package's path.
-    assert not (ENGINE / "__init__.py").exists()
-    overlap = sorted(
-        path.relative_to(ENGINE).as_posix()
-        for path in source_files(ENGINE)
-        if (CORE / path.relative_to(ENGINE)).exists()
-    )
-    assert not overlap, f"modules in both distributions: {overlap}"
+def test_each_distribution_is_one_import_package_of_its_own():
+    import slotwise
+    import slotwise_engine
+
+    # No shared namespace: one folder each, and no other distribution adds to slotwise.
+    assert [Path(path) for path in slotwise.__path__] == [CORE]
+    assert [Path(path) for path in slotwise_engine.__path__] == [ENGINE]
+    assert not (ROOT / "engine" / "slotwise").exists()
 
 
 def test_the_runner_modules_do_not_import_each_other():

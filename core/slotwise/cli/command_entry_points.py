@@ -19,8 +19,8 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 import slotwise
+from slotwise.cli.engine_distribution import ENGINE_COMMANDS, ENGINE_DISTRIBUTION
 from slotwise.errors import SlotwiseError
-from slotwise.missing_distribution import ENGINE_COMMANDS, ENGINE_DISTRIBUTION
 from slotwise.plugins.entry_point_loading import load_entry_point
 from slotwise.plugins.plugin_code import describe, stdout_to_stderr
 

@@ -28,8 +28,8 @@ from slotwise.cli.command_entry_points import (
     find_commands,
     load_command,
 )
+from slotwise.cli.engine_distribution import ENGINE_COMMANDS, engine_missing_message
 from slotwise.errors import EnvironmentVariableError, SlotwiseError
-from slotwise.missing_distribution import ENGINE_COMMANDS, engine_missing_message
 from slotwise.plugins.plugin_code import lingering_plugin_threads
 
 #: The commands of the core; other distributions add theirs through entry points

@@ -272,7 +272,7 @@ class CompilationConfig:
                 "graph_copy_inputs",
                 True,
                 "false with use_inductor_graph_partition (copy inputs into the captured "
-                "buffers yourself, as slotwise.runner does, or split with FX)",
+                "buffers yourself, as slotwise_engine.runner does, or split with FX)",
             )
         if not _is_clean_text(self.cache_dir):
             accepted = 'a directory path without NUL or lone surrogates, or "" for the default'

@@ -18,10 +18,10 @@ import torch
 
 from slotwise.attention import Attention
 from slotwise.compilation.config import CompilationConfig
-from slotwise.models.llama import build_llama
 from slotwise.platforms import get_current_platform
-from slotwise.runner.model_runner import ModelRunner
 from slotwise_cpu import huge_pages
+from slotwise_engine.models.llama import build_llama
+from slotwise_engine.runner.model_runner import ModelRunner
 
 MIB = 2**20
 
@@ -92,7 +92,7 @@ def test_the_runner_puts_the_weights_and_the_kv_cache_on_huge_pages():
 
 def test_the_bandwidth_probe_reads_memory_the_platform_was_told_about(monkeypatch):
     """The roofline's probe is mapped the way the weights it stands for are."""
-    from slotwise import decode_benchmark
+    from slotwise_engine.bench import decode as decode_benchmark
 
     advised: list[int] = []
     platform = get_current_platform()

@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from kernel_oracles import within_output_rounding
 
 from slotwise.compilation.config import CompilationConfig
-from slotwise.models.llama import build_llama
-from slotwise.runner.model_runner import ModelRunner
 from slotwise_cpu import linear, native
 from slotwise_cpu.piecewise import route_linear_layers
+from slotwise_engine.models.llama import build_llama
+from slotwise_engine.runner.model_runner import ModelRunner
 
 KERNEL_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 

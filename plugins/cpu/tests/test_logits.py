@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from slotwise.compilation.config import CompilationConfig
-from slotwise.models.llama import build_llama
 from slotwise_cpu import linear
+from slotwise_engine.models.llama import build_llama
 
 
 def tiny(dtype: torch.dtype, **config: object):

@@ -12,9 +12,9 @@ import torch
 from slotwise.attention.ops import UNIFIED_ATTENTION_OP
 from slotwise.compilation import CompilationConfig, counters
 from slotwise.compilation.compiled_forward import prepare_config
-from slotwise.models.llama import build_llama
-from slotwise.runner.model_runner import ModelRunner
 from slotwise_cpu.platform import CpuPlatform
+from slotwise_engine.models.llama import build_llama
+from slotwise_engine.runner.model_runner import ModelRunner
 
 
 def test_level_three_keeps_the_graph_whole_and_says_so(caplog):

@@ -92,7 +92,7 @@ def check_input_addresses(
                 f"{what}, capture size {size}: input {index} was captured at address "
                 f"{_address(expected)} but is now at {_address(actual)}; a replay reads the "
                 "captured address, so copy new inputs into the captured buffers "
-                "(slotwise.runner does this) instead of passing new tensors, or set "
+                "(slotwise_engine.runner does this) instead of passing new tensors, or set "
                 "graph_copy_inputs=True in the compilation config to have slotwise copy them; "
                 "an input a splitting op returns moves at every step: have that op write "
                 "into a tensor allocated before it (its out variant, as "

@@ -211,7 +211,7 @@ def _without_split(
 
 
 def sizes_padding_never_reaches(config: CompilationConfig) -> list[int]:
-    """The ``compile_sizes`` no step of ``slotwise.runner`` ever runs at: with graphs, a
+    """The ``compile_sizes`` no step of ``slotwise_engine.runner`` ever runs at: with graphs, a
     step of up to the largest capture size is padded to a capture size, so a compile size
     below it that is not a capture size is never a step's size."""
     if config.graph_mode in (None, GraphMode.NONE) or not config.capture_sizes:

@@ -141,7 +141,7 @@ class StaticGraphWrapper:
             raise StaticGraphError(
                 f"{self.name}: this step asks for {mode.name} graphs, but its size {size} is "
                 f"not a capture size; pad the batch to one of {self.config.capture_sizes} "
-                "(slotwise.runner does) or run the step with graph_mode=NONE"
+                "(slotwise_engine.runner does) or run the step with graph_mode=NONE"
             )
         if entry is None:
             entry = self.entries[size] = SizeEntry()

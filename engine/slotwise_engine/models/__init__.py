@@ -10,15 +10,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from slotwise.lazy_exports import lazy_exports
-from slotwise.models.errors import CheckpointError
+from slotwise_engine.models.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from slotwise.models.loader import load_model
-    from slotwise.models.registry import supported_architectures
+    from slotwise_engine.models.loader import load_model
+    from slotwise_engine.models.registry import supported_architectures
 
 __all__ = ["CheckpointError", "load_model", "supported_architectures"]
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
-    {"load_model": "slotwise.models.loader", "supported_architectures": "slotwise.models.registry"},
+    {
+        "load_model": "slotwise_engine.models.loader",
+        "supported_architectures": "slotwise_engine.models.registry",
+    },
 )

@@ -10,15 +10,15 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from slotwise.models.hf_config import HFConfig
-    from slotwise.models.llama import LlamaForCausalLM
+    from slotwise_engine.models.hf_config import HFConfig
+    from slotwise_engine.models.llama import LlamaForCausalLM
 
 #: Architecture name -> the module defining the class of that name.
 ARCHITECTURES: dict[str, str] = {
-    "LlamaForCausalLM": "slotwise.models.llama",
-    "MistralForCausalLM": "slotwise.models.mistral",
-    "Qwen2ForCausalLM": "slotwise.models.qwen2",
-    "Qwen3ForCausalLM": "slotwise.models.qwen3",
+    "LlamaForCausalLM": "slotwise_engine.models.llama",
+    "MistralForCausalLM": "slotwise_engine.models.mistral",
+    "Qwen2ForCausalLM": "slotwise_engine.models.qwen2",
+    "Qwen3ForCausalLM": "slotwise_engine.models.qwen3",
 }
 
 

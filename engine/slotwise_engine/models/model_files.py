@@ -20,7 +20,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from slotwise.models.errors import CheckpointError
+from slotwise_engine.models.errors import CheckpointError
 
 MIB = 1 << 20
 #: Size limits by kind of file, far above the largest published file of each kind

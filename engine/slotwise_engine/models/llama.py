@@ -6,7 +6,7 @@ an LM head.  ``LlamaConfig`` switches on what the Llama family's relatives add
 (biases, per-head q/k norms, an explicit head size, RoPE scaling), so Mistral and
 Qwen are small subclasses.  Two ways to get weights, one construction: ``build_llama``
 draws seeded random ones for a preset (to exercise and measure the framework),
-``slotwise.models.load_model`` reads a Hugging Face checkpoint.  Both build the
+``slotwise_engine.models.load_model`` reads a Hugging Face checkpoint.  Both build the
 model on the meta device first, so no weight is drawn only to be overwritten.
 """
 
@@ -32,9 +32,9 @@ from slotwise.layers.activation import SiluAndMul
 from slotwise.layers.layernorm import RMSNorm
 from slotwise.layers.logits import LogitsHead
 from slotwise.layers.rotary_embedding import RotaryEmbedding
-from slotwise.models.hf_config import FamilyRules, HFConfig, llama_config
-from slotwise.models.llama_config import LlamaConfig
 from slotwise.platforms import get_current_platform
+from slotwise_engine.models.hf_config import FamilyRules, HFConfig, llama_config
+from slotwise_engine.models.llama_config import LlamaConfig
 
 if TYPE_CHECKING:
     from typing_extensions import Self

@@ -21,13 +21,13 @@ from torch import nn
 
 from slotwise.attention.selector import AttentionBackendError
 from slotwise.distributed import state as distributed_state
-from slotwise.models.checkpoint import FLOAT_DTYPES, Checkpoint, CheckpointTensor
-from slotwise.models.checkpoint_agreement import check_checkpoint_agreement
-from slotwise.models.errors import CheckpointError
-from slotwise.models.hf_config import DTYPES, HFConfig
-from slotwise.models.llama import LlamaConfig, LlamaForCausalLM
-from slotwise.models.registry import model_class
 from slotwise.platforms import get_current_platform
+from slotwise_engine.models.checkpoint import FLOAT_DTYPES, Checkpoint, CheckpointTensor
+from slotwise_engine.models.checkpoint_agreement import check_checkpoint_agreement
+from slotwise_engine.models.errors import CheckpointError
+from slotwise_engine.models.hf_config import DTYPES, HFConfig
+from slotwise_engine.models.llama import LlamaConfig, LlamaForCausalLM
+from slotwise_engine.models.registry import model_class
 
 logger = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ from slotwise.errors import SlotwiseError
 
 if TYPE_CHECKING:
     from slotwise.compilation.config import CompilationConfig
-    from slotwise.models.tokenizer import Tokenizer
-    from slotwise.runner.generation import Completion
-    from slotwise.runner.sampling import SamplingParams
+    from slotwise_engine.models.tokenizer import Tokenizer
+    from slotwise_engine.runner.generation import Completion
+    from slotwise_engine.runner.sampling import SamplingParams
 
 DTYPES = ("float32", "bfloat16", "float16")
 #: Temperatures between 0 and this would divide the logits to infinities or 0/0 (a
@@ -117,7 +117,7 @@ def add_parser(commands: Any, name: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from slotwise.compilation.config import CompilationConfig
-    from slotwise.runner.sampling import SamplingParams
+    from slotwise_engine.runner.sampling import SamplingParams
 
     config = CompilationConfig.from_cli_namespace(args)
     sampling = SamplingParams(
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     if not folder.is_dir():
         raise GenerateArgumentError(f"argument --model: {folder}: no such folder")
 
-    from slotwise.models.tokenizer import Tokenizer
+    from slotwise_engine.models.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.load(folder)  # before the model: a tokenizer error costs nothing
     prompts = [encode(tokenizer, text, chat=args.chat) for text in args.prompt]
@@ -169,8 +169,8 @@ def check_tensor_parallel_ranks(
     collective that names everything that differs (load_model and generate check their
     part again, for library callers)."""
     from slotwise.distributed import check_ranks_agree, get_tp_communicator
-    from slotwise.models.checkpoint_agreement import checkpoint_facts
-    from slotwise.runner.request_agreement import request_facts
+    from slotwise_engine.models.checkpoint_agreement import checkpoint_facts
+    from slotwise_engine.runner.request_agreement import request_facts
 
     request = request_facts(
         prompts,
@@ -200,9 +200,9 @@ def _generate(
     *,
     show: bool,
 ) -> list[Completion]:
-    from slotwise.models import load_model
-    from slotwise.runner.generation import generate
-    from slotwise.runner.model_runner import ModelRunner, check_prompts
+    from slotwise_engine.models import load_model
+    from slotwise_engine.runner.generation import generate
+    from slotwise_engine.runner.model_runner import ModelRunner, check_prompts
 
     model = load_model(args.model, dtype=args.dtype, compilation_config=config)
     try:  # before compiling or capturing anything

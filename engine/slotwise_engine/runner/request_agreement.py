@@ -16,7 +16,7 @@ from dataclasses import fields
 
 from slotwise.distributed import Fact, check_ranks_agree, get_tp_communicator
 from slotwise.distributed import state as distributed_state
-from slotwise.runner.sampling import SamplingParams
+from slotwise_engine.runner.sampling import SamplingParams
 
 PROMPTS = "the prompt token ids"
 SAMPLING = "the sampling parameters"

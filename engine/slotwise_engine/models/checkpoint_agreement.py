@@ -23,10 +23,10 @@ import torch
 from slotwise.distributed import Fact, check_ranks_agree, get_tp_communicator
 from slotwise.distributed import state as distributed_state
 from slotwise.errors import SlotwiseError
-from slotwise.models.checkpoint import Checkpoint
-from slotwise.models.hf_config import read_config_text
-from slotwise.models.model_files import model_file
 from slotwise.version import __version__ as slotwise_version
+from slotwise_engine.models.checkpoint import Checkpoint
+from slotwise_engine.models.hf_config import read_config_text
+from slotwise_engine.models.model_files import model_file
 
 #: Bytes read at the start and at the middle of each tensor: weights that differ at all
 #: differ there (a fine-tune or another seed changes nearly every element).

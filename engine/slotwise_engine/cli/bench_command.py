@@ -135,8 +135,8 @@ def _dtypes(text: str) -> list[str]:
 def _check_preset(preset: str, model: str | None, prompt_len: int) -> None:
     """The preset exists (or the checkpoint's config.json can be read) and holds a prompt
     of ``prompt_len`` and one decoded token."""
-    from slotwise.decode_benchmark import model_shape
-    from slotwise.models.llama import PRESETS
+    from slotwise_engine.bench.decode import model_shape
+    from slotwise_engine.models.llama import PRESETS
 
     if model is None and preset not in PRESETS:
         raise BenchArgumentError(
@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
         )
     import torch
 
-    from slotwise.decode_benchmark import run_benchmark
+    from slotwise_engine.bench.decode import run_benchmark
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -264,7 +264,7 @@ def _run_startup(
     model: str, repeats: int, config: CompilationConfig, as_json: bool, layers: int | None
 ) -> int:
     """``slotwise bench startup``: print the medians as a table or one JSON object."""
-    from slotwise.startup_benchmark import run_startup_benchmark
+    from slotwise_engine.bench.startup import run_startup_benchmark
 
     config_json = json.dumps(config.to_dict())
     result = run_startup_benchmark(model, repeats, config_json, layers=layers, progress=not as_json)
@@ -274,7 +274,7 @@ def _run_startup(
 
 def render_startup(result: dict[str, Any]) -> str:
     """The table of ``slotwise bench startup``: one row per variant, medians of its rounds."""
-    from slotwise.startup_benchmark import COUNTS, PHASES, VARIANTS
+    from slotwise_engine.bench.startup import COUNTS, PHASES, VARIANTS
 
     header = ["variant", "total s", *[f"{p} s" for p in PHASES], "interpreter s", *COUNTS]
     rows = [

@@ -24,8 +24,8 @@ from typing import Any, Protocol
 import torch
 
 from slotwise.errors import SlotwiseError
-from slotwise.runner.request_agreement import check_requests_agree
-from slotwise.runner.sampling import Sampler, SamplingParams
+from slotwise_engine.runner.request_agreement import check_requests_agree
+from slotwise_engine.runner.sampling import Sampler, SamplingParams
 
 GREEDY = SamplingParams()
 
@@ -241,7 +241,7 @@ def _items(value: object, what: str, expected: str) -> list[Any]:
     if isinstance(value, str | bytes):
         raise TokenIdError(
             f"{what} is text ({value[:20]!r}); encode it into token ids first "
-            "(slotwise.models.tokenizer.Tokenizer.encode)"
+            "(slotwise_engine.models.tokenizer.Tokenizer.encode)"
         )
     tolist = getattr(value, "tolist", None)
     items = tolist() if callable(tolist) else value

@@ -71,7 +71,7 @@ def _child(
         for k, v in os.environ.items()
         if not k.startswith("SLOTWISE_") and k != "TORCHINDUCTOR_CACHE_DIR"
     }
-    command = [sys.executable, "-m", "slotwise.startup_benchmark", variant, model, config_json]
+    command = [sys.executable, "-m", "slotwise_engine.bench.startup", variant, model, config_json]
     command += [os.path.join(folder, "slotwise"), str(layers or "")]
     start = time.time()
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
@@ -101,9 +101,9 @@ def _child_main(variant: str, model: str, config_json: str, cache_dir: str, laye
 
     from slotwise.compilation import counters
     from slotwise.compilation.config import CompilationConfig
-    from slotwise.decode_benchmark import build_model
-    from slotwise.models.llama import PRESETS, build_llama
-    from slotwise.runner.model_runner import ModelRunner
+    from slotwise_engine.bench.decode import build_model
+    from slotwise_engine.models.llama import PRESETS, build_llama
+    from slotwise_engine.runner.model_runner import ModelRunner
 
     if variant != "eager":
         # What compiling imports (Dynamo among it), which an eager start never loads.

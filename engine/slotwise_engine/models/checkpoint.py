@@ -5,7 +5,7 @@ listed by ``model.safetensors.index.json``.  A safetensors file is an 8-byte hea
 length, a JSON header giving each tensor's dtype, shape and byte range, then the
 tensors' bytes.  Opening a checkpoint reads and checks every header, so a truncated or
 corrupt file fails before any weight is read.  Every file must be a regular file of
-the model (:func:`slotwise.models.model_files.open_model_file`): a shard linked to a
+the model (:func:`slotwise_engine.models.model_files.open_model_file`): a shard linked to a
 device or to a file elsewhere is refused before it is read.
 
 The files are read with ``pread`` from descriptors held open while the checkpoint is,
@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from slotwise.models.errors import CheckpointError
-from slotwise.models.model_files import (
+from slotwise_engine.models.errors import CheckpointError
+from slotwise_engine.models.model_files import (
     JSON_LIMIT,
     model_file_exists,
     open_model_file,

@@ -39,10 +39,10 @@ from slotwise.compilation.compilers import check_inductor_targets, make_compiler
 from slotwise.compilation.config import CompilationConfig, ConfigError, GraphMode
 from slotwise.compilation.splitting.dynamo_backends import as_is_backend
 from slotwise.compilation.static_graphs.graph_modes import default_graph_mode, supported_graph_modes
-from slotwise.models.llama import PRESETS, LlamaConfig, LlamaForCausalLM, build_llama
 from slotwise.platforms import get_current_platform
-from slotwise.runner.model_runner import ModelRunner, Request
 from slotwise.stats import interleaved_timings, percentile
+from slotwise_engine.models.llama import PRESETS, LlamaConfig, LlamaForCausalLM, build_llama
+from slotwise_engine.runner.model_runner import ModelRunner, Request
 
 logger = logging.getLogger(__name__)
 
@@ -251,8 +251,8 @@ def model_shape(model: str) -> LlamaConfig:
     """The shape of ``model``: a preset's name, or a checkpoint folder (its config.json)."""
     if model in PRESETS:
         return PRESETS[model]
-    from slotwise.models.hf_config import HFConfig
-    from slotwise.models.registry import model_class
+    from slotwise_engine.models.hf_config import HFConfig
+    from slotwise_engine.models.registry import model_class
 
     hf = HFConfig.read(Path(model))
     return model_class(hf).config_from_hf(hf)
@@ -270,7 +270,7 @@ def build_model(
             device=get_current_platform().device_type,
             compilation_config=compilation_config,
         )
-    from slotwise.models import load_model
+    from slotwise_engine.models import load_model
 
     return load_model(model, dtype=dtype, compilation_config=compilation_config)
 

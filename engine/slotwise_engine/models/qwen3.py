@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import ClassVar
 
-from slotwise.models.hf_config import FamilyRules, HFConfig
-from slotwise.models.llama import LlamaConfig, LlamaForCausalLM
+from slotwise_engine.models.hf_config import FamilyRules, HFConfig
+from slotwise_engine.models.llama import LlamaConfig, LlamaForCausalLM
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):

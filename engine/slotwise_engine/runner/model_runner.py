@@ -43,9 +43,9 @@ from slotwise.compilation.static_graphs.recorded_step import (
 )
 from slotwise.forward_context import set_forward_context
 from slotwise.platforms import get_current_platform
-from slotwise.runner.capture import CaptureReport, capture_graphs
-from slotwise.runner.generation import generate
-from slotwise.runner.step_inputs import StepBuffers, StepInputs
+from slotwise_engine.runner.capture import CaptureReport, capture_graphs
+from slotwise_engine.runner.generation import generate
+from slotwise_engine.runner.step_inputs import StepBuffers, StepInputs
 
 logger = logging.getLogger(__name__)
 
@@ -391,7 +391,7 @@ class ModelRunner:
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
         """Greedy continuation of each prompt by ``max_new_tokens`` (at least 1) tokens,
-        end-of-sequence ids included; ``slotwise.runner.generation.generate`` samples,
+        end-of-sequence ids included; ``slotwise_engine.runner.generation.generate`` samples,
         stops at them and times the steps."""
         return [c.token_ids for c in generate(self, prompts, max_new_tokens=max_new_tokens)]
 

@@ -34,7 +34,7 @@ from jinja2.compiler import CodeGenerator, Frame
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
-from slotwise.models.errors import CheckpointError
+from slotwise_engine.models.errors import CheckpointError
 
 #: The size, in characters, that any value and the output may reach whatever the
 #: conversation; a longer conversation adds four times its own size.

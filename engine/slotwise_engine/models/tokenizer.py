@@ -9,9 +9,9 @@ post-processor as it is and ignores tokenizer_config.json's ``add_bos_token`` an
 names of the special tokens and the chat template; generation_config.json the ids
 generation stops at.
 
-Every file is read through :mod:`slotwise.models.model_files` (a regular file of the
+Every file is read through :mod:`slotwise_engine.models.model_files` (a regular file of the
 model, within a size limit) and the chat template is rendered by
-:mod:`slotwise.models.chat_template` (sandboxed and bounded).  Importing this module
+:mod:`slotwise_engine.models.chat_template` (sandboxed and bounded).  Importing this module
 imports ``tokenizers`` and ``jinja2`` (not torch): the CLI imports it inside its
 commands only.
 """
@@ -24,9 +24,9 @@ from typing import Any
 
 import tokenizers
 
-from slotwise.models.chat_template import render_chat_template
-from slotwise.models.errors import CheckpointError
-from slotwise.models.model_files import (
+from slotwise_engine.models.chat_template import render_chat_template
+from slotwise_engine.models.errors import CheckpointError
+from slotwise_engine.models.model_files import (
     JSON_LIMIT,
     TEMPLATE_LIMIT,
     TOKENIZER_LIMIT,
@@ -125,7 +125,7 @@ class Tokenizer:
         """``messages`` rendered by the checkpoint's chat template, ending with the start
         of the assistant's turn.  Encode the result with ``add_special_tokens=False``:
         templates write the BOS token themselves.  Any failure of the template, or a
-        rendering past its bounds (see :mod:`slotwise.models.chat_template`), is one
+        rendering past its bounds (see :mod:`slotwise_engine.models.chat_template`), is one
         CheckpointError naming the template."""
         if self.chat_template is None:
             raise CheckpointError(

@@ -27,9 +27,9 @@ from typing import Any, Literal
 import torch
 
 from slotwise.layers.rotary_embedding import RopeScaling, yarn_attention_factor
-from slotwise.models.errors import CheckpointError
-from slotwise.models.llama_config import LlamaConfig
-from slotwise.models.model_files import parse_model_json, read_model_file
+from slotwise_engine.models.errors import CheckpointError
+from slotwise_engine.models.llama_config import LlamaConfig
+from slotwise_engine.models.model_files import parse_model_json, read_model_file
 
 logger = logging.getLogger(__name__)
 

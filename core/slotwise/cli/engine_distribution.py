@@ -1,0 +1,16 @@
+"""The commands the slotwise-engine distribution adds, and what to say when it is not
+installed: ``slotwise generate`` without it names the distribution to install."""
+
+from __future__ import annotations
+
+ENGINE_DISTRIBUTION = "slotwise-engine"
+#: The ``slotwise`` commands the engine distribution adds to the command line.
+ENGINE_COMMANDS = ("generate", "bench")
+
+
+def engine_missing_message(what: str) -> str:
+    """One line: ``what`` is part of the engine distribution, and how to install it."""
+    return (
+        f"{what} is part of the {ENGINE_DISTRIBUTION} distribution, which is not "
+        f"installed: pip install {ENGINE_DISTRIBUTION}"
+    )
