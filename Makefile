@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # On a GPU machine: make test CONSTRAINTS=/dev/null (lets pip pick a CUDA build of torch).
 CONSTRAINTS ?= constraints-cpu.txt
 # The core, the engine (models, generate, bench) and the bundled plugins.
-PACKAGES := -e ".[dev,docs]" -e engine -e plugins/cpu -e plugins/cuda -e plugins/ascend_stub
+PACKAGES := -e ".[dev,docs]" -e "engine[serve]" -e plugins/cpu -e plugins/cuda -e plugins/ascend_stub
 STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test docs lint format bench clean

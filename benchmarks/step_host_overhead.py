@@ -80,12 +80,10 @@ from slotwise.attention import StaticAttentionMetadata
 from slotwise.compilation import CompilationConfig, GraphMode
 from slotwise.compilation.compiled_forward import CompiledForward
 from slotwise.compilation.direct_entry import DirectEntry
+from slotwise.compilation.splitting.piecewise_backend import StaticGraphPiecewiseBackend
 from slotwise.compilation.static_graphs.contract import reset_capture_window
 from slotwise.compilation.static_graphs.recorded_step import RecordedStep
-from slotwise.compilation.static_graphs.wrapper import (
-    StaticGraphPiecewiseBackend,
-    StaticGraphWrapper,
-)
+from slotwise.compilation.static_graphs.wrapper import StaticGraphWrapper
 from slotwise.forward_context import set_forward_context
 from slotwise.layers.logits import LogitsHead
 from slotwise.platforms import Platform, get_current_platform, use_platform

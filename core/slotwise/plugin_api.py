@@ -40,7 +40,7 @@ _EXPORTS: dict[str, str] = {
     "StaticGraphError": "slotwise.compilation.static_graphs.contract",
     "input_addresses": "slotwise.compilation.static_graphs.contract",
     "check_input_addresses": "slotwise.compilation.static_graphs.contract",
-    "StaticGraphPiecewiseBackend": "slotwise.compilation.static_graphs.wrapper",
+    "StaticGraphPiecewiseBackend": "slotwise.compilation.splitting.piecewise_backend",
     "ForwardContext": "slotwise.forward_context",
     "try_get_forward_context": "slotwise.forward_context",
     "set_forward_context": "slotwise.forward_context",

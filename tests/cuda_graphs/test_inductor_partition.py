@@ -14,7 +14,7 @@ from slotwise.compilation.splitting.inductor_partition import (
     check_partition_supported,
     partition_wrapper_hook,
 )
-from slotwise.compilation.splitting.traced_inputs import traced_inputs
+from slotwise.compilation.traced_inputs import traced_inputs
 from slotwise.testing.toy_models import TOY_SPLITTING_OPS, SillyModel, ToyTransformer
 
 

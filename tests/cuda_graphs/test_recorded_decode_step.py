@@ -17,7 +17,7 @@ from runner_cases import (  # noqa: F401 - the fixture is used by name
 
 from slotwise.attention import allocate_kv_caches
 from slotwise.compilation import StaticGraphError
-from slotwise.compilation.decorators import compiled_forward_of
+from slotwise.compilation.compiled_modules import compiled_forward_of
 from slotwise.compilation.static_graphs import recorded_step
 from slotwise.compilation.static_graphs.wrapper import StaticGraphWrapper
 from slotwise_ascend_stub.attention import AscendStubReferenceBackend

@@ -46,18 +46,46 @@ LAYERS: list[tuple[str, ...]] = [
 ]  # fmt: skip
 
 
-def layer_of(module: str) -> int:
+#: The layers inside ``slotwise.compilation``, lowest first, by subpackage or module:
+#: settings and small shared pieces, the compile cache, the compilers, the direct entry,
+#: the warm start, static graphs, the splitting into pieces and their backends, the
+#: platform's defaults, then the compiled forward and the decorators that attach it.
+COMPILATION = "slotwise.compilation"
+COMPILATION_LAYERS: list[tuple[str, ...]] = [
+    ("config", "compile_counters", "compile_lock", "context", "weight_registrations",
+     "traced_inputs", "runtime_size", "compiled_modules", "trace_paths"),
+    ("cache",),
+    ("compilers",),
+    ("direct_entry",),
+    ("warm_start",),
+    ("static_graphs",),
+    ("splitting",),
+    ("platform_defaults",),
+    ("compiled_forward",),
+    ("decorators",),
+]  # fmt: skip
+
+
+def layer_of(module: str, layers: list[tuple[str, ...]] = LAYERS) -> int:
     best = max(
         (
             (len(prefix), index)
-            for index, prefixes in enumerate(LAYERS)
+            for index, prefixes in enumerate(layers)
             for prefix in prefixes
             if module == prefix or module.startswith(prefix + ".")
         ),
         default=None,
     )
-    assert best is not None, f"{module} is in no layer; add it to LAYERS and docs/design.md"
+    assert best is not None, f"{module} is in no layer; add it to the layers and docs/design.md"
     return best[1]
+
+
+def compilation_unit(module: str) -> str | None:
+    """The subpackage or module of ``slotwise.compilation`` that ``module`` is in
+    (``cache`` for ``slotwise.compilation.cache.cache_key``); None outside it and for the
+    package's own ``__init__``, which re-exports and sits above all of them."""
+    prefix = COMPILATION + "."
+    return module[len(prefix) :].split(".")[0] if module.startswith(prefix) else None
 
 
 def module_name(path: Path) -> str:
@@ -129,6 +157,53 @@ def test_every_module_imports_only_its_layer_and_below():
                     f"{imported} (layer {layer_of(imported)})"
                 )
     assert not violations, "imports against the layers:\n" + "\n".join(violations)
+
+
+def compilation_violations(files: dict[str, list[tuple[int, str]]]) -> list[str]:
+    """``module:line: ...`` for each import inside ``slotwise.compilation`` from a lower
+    layer of ``COMPILATION_LAYERS`` into a higher one; ``files``: module -> its imports."""
+    violations = []
+    for module, imports in sorted(files.items()):
+        unit = compilation_unit(module)
+        if unit is None:
+            continue
+        own = layer_of(unit, COMPILATION_LAYERS)
+        for line, imported in imports:
+            target = compilation_unit(imported)
+            if target is not None and target != unit:
+                if layer_of(target, COMPILATION_LAYERS) > own:
+                    violations.append(f"{module}:{line}: {unit} imports {target}")
+    return violations
+
+
+def compilation_imports() -> dict[str, list[tuple[int, str]]]:
+    return {
+        module_name(path): imported_modules(path) for path in source_files(CORE / "compilation")
+    }
+
+
+def test_compilation_subpackages_import_only_their_layer_and_below():
+    violations = compilation_violations(compilation_imports())
+    assert not violations, "imports against compilation's layers:\n" + "\n".join(violations)
+
+
+def test_the_compilation_layer_check_sees_an_import_back_up():
+    # A low subpackage importing a higher one, as the compile cache once imported the
+    # compilers, must be reported, with the place it happens.
+    files = compilation_imports()
+    files["slotwise.compilation.cache.compile_cache"] = [
+        *files["slotwise.compilation.cache.compile_cache"],
+        (1, "slotwise.compilation.compilers"),
+    ]
+    assert compilation_violations(files) == [
+        "slotwise.compilation.cache.compile_cache:1: cache imports compilers"
+    ]
+
+
+def test_every_compilation_unit_sits_in_one_layer():
+    units = {compilation_unit(module) for module in compilation_imports()} - {None}
+    for unit in units:
+        layer_of(unit, COMPILATION_LAYERS)  # fails naming a unit that is in no layer
 
 
 def top_level_package(module: str) -> str:

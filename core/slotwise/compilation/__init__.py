@@ -26,7 +26,7 @@ _EXPORTS = {
     "support_torch_compile": ".decorators",
     "ignore_torch_compile": ".decorators",
     "compile": ".decorators",
-    "compiled_forward_of": ".decorators",
+    "compiled_forward_of": ".compiled_modules",
     "AbstractPiecewiseBackend": ".splitting.piecewise_backend",
     "CompiledPiecewiseBackend": ".splitting.piecewise_backend",
     "StaticGraphError": ".static_graphs.contract",

@@ -253,7 +253,7 @@ class CompiledForward:
         (torch.compile's function) and returned ``result``: the direct entry, or
         ``compiled`` itself when the trace's inputs or output need Dynamo's bytecode."""
         from slotwise.compilation.direct_entry import DirectEntry, output_kind
-        from slotwise.compilation.warm_start.paths import Unpersistable
+        from slotwise.compilation.trace_paths import Unpersistable
 
         graph_outputs = backend.take_first_outputs()
         if backend.warm_start is not None:

@@ -32,7 +32,7 @@ from slotwise.compilation.cache.inductor_cache_dir import (
 from slotwise.compilation.cache.isa_probe_cache import install_isa_probe_cache
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.config import CompilationConfig, ConfigError
-from slotwise.compilation.splitting.traced_inputs import traced_inputs
+from slotwise.compilation.traced_inputs import traced_inputs
 from slotwise.errors import SlotwiseError
 from slotwise.import_path import resolve_import_path
 from slotwise.platforms import Platform, get_current_platform

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import torch
 
 from slotwise.compilation.compiled_forward import CompiledForward
+from slotwise.compilation.compiled_modules import attach_compiled_forward, compiled_forward_of
 from slotwise.compilation.config import CompilationConfig, CompilationLevel
 from slotwise.compilation.context import get_current_compilation_config, set_compilation_config
 from slotwise.compilation.static_graphs.graph_modes import check_graph_mode_level
@@ -21,7 +22,6 @@ DynamicArgDims = dict[str, int | list[int]]
 
 _SPEC = "_slotwise_compile_spec"
 _IGNORED = "_slotwise_compile_ignored"
-_COMPILED = "_slotwise_compiled_forward"
 
 
 def infer_dynamic_arg_dims(forward: Callable[..., Any]) -> DynamicArgDims:
@@ -103,7 +103,7 @@ def support_torch_compile(
                 and (enable_if is None or enable_if(config))
             )
             compiled = CompiledForward(self, original_forward, config, dims) if enabled else None
-            self.__dict__[_COMPILED] = compiled
+            attach_compiled_forward(self, compiled)
 
         @functools.wraps(original_forward)
         def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -153,12 +153,5 @@ def compile(
     dims = check_dynamic_arg_dims(type(module), forward, dynamic_arg_dims)
     compiled = CompiledForward(module, forward, config, dims)
     module.forward = compiled  # type: ignore[method-assign]
-    module.__dict__[_COMPILED] = compiled
+    attach_compiled_forward(module, compiled)
     return module
-
-
-def compiled_forward_of(module: torch.nn.Module) -> CompiledForward | None:
-    """The compilation of ``module`` itself, made by ``@support_torch_compile`` or
-    ``slotwise.compile()``; None when the module is not compiled (level 0, disabled,
-    ignored, or never marked). Submodules are not searched."""
-    return module.__dict__.get(_COMPILED)

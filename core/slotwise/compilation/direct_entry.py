@@ -31,7 +31,7 @@ import torch
 import torch.fx as fx
 
 from slotwise.compilation import weight_registrations
-from slotwise.compilation.warm_start.paths import (
+from slotwise.compilation.trace_paths import (
     Path,
     Unpersistable,
     gatherable,

@@ -27,7 +27,7 @@ from slotwise.attention import (
 )
 from slotwise.attention.metadata import AttentionMetadataBuilder
 from slotwise.compilation.config import CompilationConfig, GraphMode
-from slotwise.compilation.decorators import compiled_forward_of
+from slotwise.compilation.compiled_modules import compiled_forward_of
 from slotwise.compilation.static_graphs.dispatcher import (
     CaptureCase,
     GraphDispatcher,

@@ -14,7 +14,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch.fx as fx
 
@@ -33,8 +33,10 @@ from slotwise.compilation.cache.inductor_cache_dir import (
     move_off_full_disk,
 )
 from slotwise.compilation.compile_counters import counters
-from slotwise.compilation.compilers import CompiledPiece, Compiler
 from slotwise.compilation.config import CompilationConfig
+
+if TYPE_CHECKING:
+    from slotwise.compilation.compilers import CompiledPiece, Compiler
 
 logger = logging.getLogger(__name__)
 

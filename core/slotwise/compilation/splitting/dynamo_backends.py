@@ -20,14 +20,13 @@ from slotwise.compilation.splitting.inductor_partition import (
     PartitionedInductorCompiler,
     platform_partition_wrapper,
 )
-from slotwise.compilation.splitting.piecewise_backend import CompiledPiecewiseBackend
-from slotwise.compilation.splitting.traced_inputs import traced_inputs
-from slotwise.compilation.static_graphs.wrapper import (
-    StaticGraphWrapper,
-    graph_wrapper_cls,
+from slotwise.compilation.splitting.piecewise_backend import (
+    CompiledPiecewiseBackend,
     piecewise_backend_cls,
 )
-from slotwise.compilation.warm_start.paths import Path, Unpersistable
+from slotwise.compilation.static_graphs.wrapper import StaticGraphWrapper, graph_wrapper_cls
+from slotwise.compilation.trace_paths import Path, Unpersistable
+from slotwise.compilation.traced_inputs import traced_inputs
 from slotwise.compilation.warm_start.store import WarmStartStore
 from slotwise.platforms import Platform, get_current_platform
 

@@ -12,6 +12,7 @@ outputs), which the conformance check ``static_graphs`` verifies.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -19,12 +20,16 @@ import torch
 import torch.fx
 
 from slotwise.compilation.compile_lock import compile_lock
+from slotwise.compilation.config import GraphMode
+from slotwise.compilation.runtime_size import find_size_source, read_size
 from slotwise.compilation.static_graphs.recorded_graph import through_recorder
+from slotwise.compilation.static_graphs.wrapper import StaticGraphWrapper
 
 if TYPE_CHECKING:
     from slotwise.compilation.cache.compile_cache import CompileCache
     from slotwise.compilation.config import CompilationConfig
     from slotwise.compilation.static_graphs.graph_api import GraphAPI
+    from slotwise.platforms import Platform
 
 
 class AbstractPiecewiseBackend:
@@ -86,38 +91,6 @@ class AbstractPiecewiseBackend:
         raise NotImplementedError(f"{type(self).__name__} must implement __call__(*args)")
 
 
-def find_size_source(example_inputs: Sequence[Any]) -> tuple[int, int | None] | None:
-    """Where the runtime size is read: a symbolic int argument (its value) or the first
-    tensor dimension with a symbolic size; None when every input is static."""
-    for index, value in enumerate(example_inputs):
-        if isinstance(value, torch.SymInt):
-            return index, None
-    for index, value in enumerate(example_inputs):
-        if isinstance(value, torch.Tensor):
-            for dim, size in enumerate(value.shape):
-                if isinstance(size, torch.SymInt):
-                    return index, dim
-    return None
-
-
-def batch_sized_inputs(example_inputs: Sequence[Any]) -> list[int]:
-    """Indices of the tensor inputs with a symbolic size: the ones that follow the batch,
-    as opposed to weights and other fixed tensors."""
-    return [
-        index
-        for index, value in enumerate(example_inputs)
-        if isinstance(value, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in value.shape)
-    ]
-
-
-def read_size(source: tuple[int, int | None] | None, args: Sequence[Any]) -> int | None:
-    """The runtime size at ``source`` (from ``find_size_source``) in ``args``."""
-    if source is None:
-        return None
-    index, dim = source
-    return int(args[index]) if dim is None else int(args[index].shape[dim])
-
-
 class CompiledPiecewiseBackend(AbstractPiecewiseBackend):
     """Compiles a general (dynamic-shape) version at construction, and one per size in
     ``compile_sizes`` lazily at its first use; dispatches on the runtime size."""
@@ -152,3 +125,39 @@ class CompiledPiecewiseBackend(AbstractPiecewiseBackend):
         if not self.compile_sizes:
             return self.general(*args)  # the common case, kept cheap: it runs every step
         return self.compiled_for(self.runtime_size(args), args)(*args)
+
+
+class StaticGraphPiecewiseBackend(CompiledPiecewiseBackend):
+    """Compile-and-dispatch plus, in PIECEWISE steps, a static graph per capture size
+    on the platform's ``GraphAPI``; other sizes run the compiled piece without one."""
+
+    def __init__(self, graph: torch.fx.GraphModule, config: CompilationConfig, **kwargs: Any):
+        super().__init__(graph, config, **kwargs)
+        self.graph_wrapper = StaticGraphWrapper(
+            self.run_compiled,
+            config,
+            runtime_mode=GraphMode.PIECEWISE,
+            graph_api=self.graph_api,
+            example_inputs=kwargs["example_inputs"],
+            piece_index=self.piece_index,
+            num_pieces=self.num_pieces,
+        )
+
+    def run_compiled(self, *args: Any) -> Any:
+        return self.compiled_for(self.runtime_size(args), args)(*args)
+
+    def __call__(self, *args: Any) -> Any:
+        return self.graph_wrapper(*args)
+
+
+def piecewise_backend_cls(
+    platform: Platform, config: CompilationConfig
+) -> Callable[..., AbstractPiecewiseBackend]:
+    """What runs each capturable piece: the platform's own class if it has one, else
+    slotwise's, which captures only in graph modes with piecewise graphs; either way
+    bound to the platform's ``GraphAPI``."""
+    cls = platform.get_piecewise_backend_cls()
+    if cls is None:
+        graphs = config.graph_mode is not None and config.graph_mode.has_piecewise_graphs
+        cls = StaticGraphPiecewiseBackend if graphs else CompiledPiecewiseBackend
+    return functools.partial(cls, graph_api=platform.get_graph_api())

@@ -103,7 +103,7 @@ class GraphDispatcher:
     def for_model(cls, model: torch.nn.Module) -> GraphDispatcher:
         """The dispatcher of ``model``: its first compiled module's config and platform,
         its attention backends; without a compiled module, one that never uses graphs."""
-        from slotwise.compilation.decorators import compiled_forward_of
+        from slotwise.compilation.compiled_modules import compiled_forward_of
         from slotwise.platforms import get_current_platform
 
         compiled = next(filter(None, map(compiled_forward_of, model.modules())), None)

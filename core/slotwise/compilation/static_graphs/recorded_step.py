@@ -141,7 +141,7 @@ def record_step(model: torch.nn.Module, graphs: StepGraphs, hidden: torch.Tensor
     that shape returned ``hidden``.  ``NotReady`` while a graph of the size is not
     captured and checked; ``NotRecordable`` when the model's step cannot be recorded."""
     from slotwise.attention.ops import LayerAttention
-    from slotwise.compilation.decorators import compiled_forward_of
+    from slotwise.compilation.compiled_modules import compiled_forward_of
     from slotwise.compilation.direct_entry import DirectEntry
 
     if graphs.mode == GraphMode.NONE or not graphs.uniform_decode:

@@ -21,7 +21,6 @@ keeps the same rules:
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,13 +32,7 @@ import torch.fx
 from slotwise.compilation import weight_registrations
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.config import CompilationConfig, ConfigError, GraphMode
-from slotwise.compilation.splitting.piecewise_backend import (
-    AbstractPiecewiseBackend,
-    CompiledPiecewiseBackend,
-    batch_sized_inputs,
-    find_size_source,
-    read_size,
-)
+from slotwise.compilation.runtime_size import batch_sized_inputs, find_size_source, read_size
 from slotwise.compilation.static_graphs.contract import (
     OutputsProbe,
     StaticGraphError,
@@ -204,42 +197,6 @@ def _copied_into(buffers: dict[int, torch.Tensor], args: Sequence[Any]) -> Seque
         buffer.copy_(staged[index])
         staged[index] = buffer
     return staged
-
-
-class StaticGraphPiecewiseBackend(CompiledPiecewiseBackend):
-    """Compile-and-dispatch plus, in PIECEWISE steps, a static graph per capture size
-    on the platform's ``GraphAPI``; other sizes run the compiled piece without one."""
-
-    def __init__(self, graph: torch.fx.GraphModule, config: CompilationConfig, **kwargs: Any):
-        super().__init__(graph, config, **kwargs)
-        self.graph_wrapper = StaticGraphWrapper(
-            self.run_compiled,
-            config,
-            runtime_mode=GraphMode.PIECEWISE,
-            graph_api=self.graph_api,
-            example_inputs=kwargs["example_inputs"],
-            piece_index=self.piece_index,
-            num_pieces=self.num_pieces,
-        )
-
-    def run_compiled(self, *args: Any) -> Any:
-        return self.compiled_for(self.runtime_size(args), args)(*args)
-
-    def __call__(self, *args: Any) -> Any:
-        return self.graph_wrapper(*args)
-
-
-def piecewise_backend_cls(
-    platform: Platform, config: CompilationConfig
-) -> Callable[..., AbstractPiecewiseBackend]:
-    """What runs each capturable piece: the platform's own class if it has one, else
-    slotwise's, which captures only in graph modes with piecewise graphs; either way
-    bound to the platform's ``GraphAPI``."""
-    cls = platform.get_piecewise_backend_cls()
-    if cls is None:
-        graphs = config.graph_mode is not None and config.graph_mode.has_piecewise_graphs
-        cls = StaticGraphPiecewiseBackend if graphs else CompiledPiecewiseBackend
-    return functools.partial(cls, graph_api=platform.get_graph_api())
 
 
 def graph_wrapper_cls(platform: Platform) -> Callable[..., StaticGraphWrapper] | None:

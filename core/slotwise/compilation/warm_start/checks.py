@@ -3,7 +3,7 @@
 A trace is only right for what Dynamo assumed while making it, and Dynamo writes every
 assumption down as a guard, in its own terms (a source, an object's id, a C++ guard).
 :func:`guard_checks` turns each guard into a check that pickles and means the same in
-another process: a path to the guarded value (:mod:`slotwise.compilation.warm_start.paths`)
+another process: a path to the guarded value (:mod:`slotwise.compilation.trace_paths`)
 and what the trace assumed it is, as data (constants by type and exact ``repr``, objects
 by qualified name, tensors by their metadata), or, for a guard on torch's process state,
 that state. A guard no check expresses raises :class:`Unpersistable`. A warm process runs
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from slotwise.compilation.warm_start.paths import Path, Unpersistable, path_of, path_resolver
+from slotwise.compilation.trace_paths import Path, Unpersistable, path_of, path_resolver
 
 # (what the check tests, Dynamo's name of the guarded value for logs, path or None for
 # process state, the value the trace assumed)

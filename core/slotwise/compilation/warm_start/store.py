@@ -28,7 +28,7 @@ structure, so differently built instances of one class keep separate entries.
 This module is the store: it records the trace, saves it in the compile cache and
 rebuilds the forward from it. Guards become checks in
 :mod:`slotwise.compilation.warm_start.checks`; the paths that checks and graph inputs are
-fetched by are :mod:`slotwise.compilation.warm_start.paths`; the facts Dynamo bakes in
+fetched by are :mod:`slotwise.compilation.trace_paths`; the facts Dynamo bakes in
 without a guard are :mod:`slotwise.compilation.warm_start.facts`.
 """
 
@@ -53,9 +53,9 @@ from slotwise.compilation.direct_entry import (
     graph_input_paths,
     output_kind,
 )
+from slotwise.compilation.trace_paths import Unpersistable, gatherer
 from slotwise.compilation.warm_start.checks import aliased, failed_check, guard_checks
 from slotwise.compilation.warm_start.facts import plain_repr, unguarded_facts
-from slotwise.compilation.warm_start.paths import Unpersistable, gatherer
 
 logger = logging.getLogger(__name__)
 
