@@ -26,7 +26,8 @@ ENVIRONMENT_VARIABLES: dict[str, str] = {
     "SLOTWISE_DISABLE_COMPILE_CACHE": "1: never read or write the persistent compile cache",
     "SLOTWISE_CACHE_ROOT": "compile cache folder (default ~/.cache/slotwise/compile)",
     "SLOTWISE_ATTENTION_BACKEND": "override the platform's choice of attention backend",
-    "SLOTWISE_LOGGING_LEVEL": "level of the 'slotwise' logger in the CLI (default INFO)",
+    "SLOTWISE_LOGGING_LEVEL": "level of the 'slotwise' and 'slotwise_engine' loggers in the CLI "
+    "(default INFO)",
     "SLOTWISE_DIST_TIMEOUT": "seconds before a stuck rendezvous or collective fails (default 600)",
     "SLOTWISE_DISABLE_WARM_START": "1: always trace with Dynamo, never rebuild a model from "
     "its saved trace",

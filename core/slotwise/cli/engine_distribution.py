@@ -4,8 +4,10 @@ installed: ``slotwise generate`` without it names the distribution to install.""
 from __future__ import annotations
 
 ENGINE_DISTRIBUTION = "slotwise-engine"
+#: The engine's import package, and so the root of its modules' loggers.
+ENGINE_PACKAGE = "slotwise_engine"
 #: The ``slotwise`` commands the engine distribution adds to the command line.
-ENGINE_COMMANDS = ("generate", "bench")
+ENGINE_COMMANDS = ("generate", "bench", "serve")
 
 
 def engine_missing_message(what: str) -> str:

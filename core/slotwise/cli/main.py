@@ -28,7 +28,11 @@ from slotwise.cli.command_entry_points import (
     find_commands,
     load_command,
 )
-from slotwise.cli.engine_distribution import ENGINE_COMMANDS, engine_missing_message
+from slotwise.cli.engine_distribution import (
+    ENGINE_COMMANDS,
+    ENGINE_PACKAGE,
+    engine_missing_message,
+)
 from slotwise.errors import EnvironmentVariableError, SlotwiseError
 from slotwise.plugins.plugin_code import lingering_plugin_threads
 
@@ -63,16 +67,17 @@ BROKEN_PIPE = 128 + signal.SIGPIPE
 
 
 def configure_logging() -> None:
-    """Send the ``slotwise`` logger, the parent of every module's, to stderr at
-    SLOTWISE_LOGGING_LEVEL (default INFO)."""
+    """Send the ``slotwise`` and ``slotwise_engine`` loggers, the parents of every
+    module's, to stderr at SLOTWISE_LOGGING_LEVEL (default INFO)."""
     level = envs.logging_level()
-    logger = logging.getLogger("slotwise")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(levelname)s slotwise: %(message)s"))
-        logger.addHandler(handler)
-        logger.propagate = False
-    logger.setLevel(level)
+    for name in ("slotwise", ENGINE_PACKAGE):
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(levelname)s slotwise: %(message)s"))
+            logger.addHandler(handler)
+            logger.propagate = False
+        logger.setLevel(level)
 
 
 def build_parser(
