@@ -18,6 +18,7 @@ from slotwise.cli.arguments import MAX_TOKENS, int_in
 from slotwise.compilation import CompilationConfig
 from slotwise_engine.models.llama import PRESETS, build_llama
 from slotwise_engine.runner.model_runner import ModelRunner, check_prompts
+from slotwise_engine.serving.generation import generate_token_ids
 
 
 def parse_prompt(text: str) -> list[int]:
@@ -58,12 +59,13 @@ def main() -> int:
     model = build_llama(args.preset, seed=0, compilation_config=config)
     runner = ModelRunner(model, num_blocks=64)
     runner.capture(progress=not args.json)
-    tokens = runner.generate(prompts, args.max_new_tokens)
+    tokens = generate_token_ids(runner, prompts, args.max_new_tokens)
     result: dict[str, object] = {"prompts": prompts, "tokens": tokens, "config": config.to_dict()}
     if args.check:
         eager = build_llama(args.preset, seed=0, compilation_config=CompilationConfig(level=0))
         result["matches_eager"] = (
-            ModelRunner(eager, num_blocks=64).generate(prompts, args.max_new_tokens) == tokens
+            generate_token_ids(ModelRunner(eager, num_blocks=64), prompts, args.max_new_tokens)
+            == tokens
         )
     if args.json:
         print(json.dumps(result))

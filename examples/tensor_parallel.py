@@ -22,6 +22,7 @@ from slotwise.compilation import CompilationConfig
 from slotwise.distributed import init_distributed, shutdown_distributed
 from slotwise_engine.models.llama import PRESETS, build_llama
 from slotwise_engine.runner.model_runner import ModelRunner
+from slotwise_engine.serving.generation import generate_token_ids
 
 PROMPTS = [[1, 5, 9, 3], [7, 7, 2], [42, 11, 100, 3, 4, 5]]
 #: What torchrun tells its workers; the single-process reference must not see it.
@@ -35,7 +36,7 @@ def generate(preset: str, flags: list[str], max_new_tokens: int) -> tuple[list[l
     runner = ModelRunner(model, num_blocks=64)
     runner.capture(progress=False)
     heads = model.model.layers[0].self_attn.attn.num_heads
-    return runner.generate(PROMPTS, max_new_tokens), heads
+    return generate_token_ids(runner, PROMPTS, max_new_tokens), heads
 
 
 def single_process_tokens(args: argparse.Namespace) -> list[list[int]]:

@@ -14,9 +14,10 @@ import json, sys
 import torch
 from slotwise_engine.models.llama import build_llama
 from slotwise_engine.runner.model_runner import ModelRunner
+from slotwise_engine.serving.generation import generate_token_ids
 
 runner = ModelRunner(build_llama("tiny", compilation_config={level}), num_blocks=8)
-tokens = runner.generate([[1, 5, 9, 3]], 2)
+tokens = generate_token_ids(runner, [[1, 5, 9, 3]], 2)
 print(json.dumps({{"tokens": tokens, "loaded": [m for m in {modules!r} if m in sys.modules]}}))
 """
 

@@ -21,6 +21,7 @@ from slotwise_cpu.attention import CpuSdpaBackend
 from slotwise_cuda.attention import TritonPagedBackend
 from slotwise_engine.models.llama import PRESETS, build_llama
 from slotwise_engine.runner.model_runner import ModelRunner
+from slotwise_engine.serving.generation import generate_token_ids
 
 
 def runners(preset, graph_mode: str) -> tuple[ModelRunner, ModelRunner]:
@@ -69,7 +70,7 @@ def test_full_and_piecewise_replays_one_graph_per_decode_step(graph_platform_wit
     runner.free(requests)
 
     with counters.expect(num_graphs_captured=0):
-        assert runner.generate(PROMPTS, 6) == eager.generate(PROMPTS, 6)
+        assert generate_token_ids(runner, PROMPTS, 6) == generate_token_ids(eager, PROMPTS, 6)
 
 
 def test_static_block_tables_are_as_wide_as_the_longest_request(graph_platform_with):
@@ -104,4 +105,4 @@ def test_full_graphs_capture_mixed_batches_with_the_triton_backend(
     assert api.replays - replays == 1
     runner.free(requests)
     with counters.expect(num_graphs_captured=0):
-        assert runner.generate(PROMPTS, 4) == eager.generate(PROMPTS, 4)
+        assert generate_token_ids(runner, PROMPTS, 4) == generate_token_ids(eager, PROMPTS, 4)

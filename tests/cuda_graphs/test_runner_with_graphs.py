@@ -9,6 +9,7 @@ from slotwise.compilation import CompilationConfig, counters
 from slotwise.compilation.static_graphs.contract import reset_capture_window
 from slotwise_engine.models.llama import PRESETS, build_llama
 from slotwise_engine.runner.model_runner import ModelRunner
+from slotwise_engine.serving.generation import generate_token_ids
 
 PROMPTS = [[1, 5, 9, 3], [7, 7, 2], [42, 11, 100]]
 
@@ -33,11 +34,11 @@ def test_generation_with_graphs_matches_eager(runner, graph_api):
     runner.capture(progress=False)
     replays_before = graph_api.replays
     with counters.expect(num_graphs_captured=0):
-        tokens = runner.generate(PROMPTS, 5)
+        tokens = generate_token_ids(runner, PROMPTS, 5)
     # Decode steps of 3 tokens are padded to the captured size 4 and replayed.
     assert graph_api.replays > replays_before
     eager = build_llama("tiny", seed=0, compilation_config=CompilationConfig(level=0))
-    assert tokens == ModelRunner(eager, num_blocks=32).generate(PROMPTS, 5)
+    assert tokens == generate_token_ids(ModelRunner(eager, num_blocks=32), PROMPTS, 5)
 
 
 def test_padded_sizes(runner):
@@ -76,9 +77,9 @@ def test_a_model_compiled_with_slotwise_compile_runs_with_graphs(graph_api):
         assert runner.capture_sizes == [1, 2, 4]
         with counters.expect(num_graphs_captured=3 * (PRESETS["tiny"].num_layers + 1)):
             runner.capture(progress=False)
-        tokens = runner.generate(PROMPTS, 4)
+        tokens = generate_token_ids(runner, PROMPTS, 4)
     finally:
         reset_capture_window()
     assert graph_api.replays > 0
     eager = build_llama("tiny", seed=0, compilation_config=CompilationConfig(level=0))
-    assert tokens == ModelRunner(eager, num_blocks=32).generate(PROMPTS, 4)
+    assert tokens == generate_token_ids(ModelRunner(eager, num_blocks=32), PROMPTS, 4)

@@ -21,6 +21,7 @@ from slotwise.distributed import init_distributed, shutdown_distributed
 from slotwise_engine.models.llama import build_llama
 from slotwise_engine.models.loader import load_model
 from slotwise_engine.runner.model_runner import ModelRunner
+from slotwise_engine.serving.generation import generate_token_ids
 
 PROMPTS = [[1, 5, 9, 3], [7, 7, 2], [42, 11, 100]]
 NEW_TOKENS = 5
@@ -33,7 +34,7 @@ def runner() -> dict[str, object]:
     with_graphs = ModelRunner(model, num_blocks=32)
     with_graphs.capture(progress=False)
     try:
-        tokens = with_graphs.generate(PROMPTS, NEW_TOKENS)
+        tokens = generate_token_ids(with_graphs, PROMPTS, NEW_TOKENS)
     finally:
         reset_capture_window()
     eager = build_llama(
@@ -42,7 +43,7 @@ def runner() -> dict[str, object]:
     return {
         "prompts": PROMPTS,
         "tokens": tokens,
-        "eager_tokens": ModelRunner(eager, num_blocks=32).generate(PROMPTS, NEW_TOKENS),
+        "eager_tokens": generate_token_ids(ModelRunner(eager, num_blocks=32), PROMPTS, NEW_TOKENS),
         "weights_device": str(next(model.parameters()).device),
         "kv_cache_device": str(with_graphs.device),
         "captures": len(graphs.captures),
@@ -62,7 +63,7 @@ def tensor_parallel(checkpoint: str, flags: list[str]) -> dict[str, object]:
         model = load_model(checkpoint, compilation_config=config)
         runner = ModelRunner(model)
         runner.capture(progress=False)
-        tokens = runner.generate(PROMPTS, NEW_TOKENS)
+        tokens = generate_token_ids(runner, PROMPTS, NEW_TOKENS)
         devices = torch.foreign.device_count()
         return {
             "prompts": PROMPTS,

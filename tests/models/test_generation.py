@@ -8,9 +8,9 @@ import torch
 
 from slotwise.compilation import CompilationConfig
 from slotwise_engine.models.llama import build_llama
-from slotwise_engine.runner.generation import Completion, generate
 from slotwise_engine.runner.model_runner import ModelRunner
 from slotwise_engine.runner.sampling import SamplingParams
+from slotwise_engine.serving.generation import Completion, generate, generate_token_ids
 
 PROMPTS = [[1, 2, 3], [5], [42, 11, 100, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]]
 STEPS = 8
@@ -24,7 +24,7 @@ def runner() -> ModelRunner:
 
 @pytest.fixture(scope="module")
 def greedy(runner) -> list[list[int]]:
-    return runner.generate(PROMPTS, STEPS)
+    return generate_token_ids(runner, PROMPTS, STEPS)
 
 
 def test_greedy_generation_is_the_runners_own(runner, greedy):

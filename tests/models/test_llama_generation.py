@@ -9,13 +9,14 @@ from slotwise.attention.ops import UNIFIED_ATTENTION_OP
 from slotwise.compilation import CompilationConfig, counters
 from slotwise_engine.models.llama import PRESETS, build_llama
 from slotwise_engine.runner.model_runner import ModelRunner
+from slotwise_engine.serving.generation import generate_token_ids
 
 PROMPTS = [[1, 5, 9, 3], [7, 7, 2], [42, 11, 100, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]]
 
 
 def generate(config, max_new_tokens: int = 6) -> list[list[int]]:
     model = build_llama("tiny", seed=0, compilation_config=config)
-    return ModelRunner(model, num_blocks=32).generate(PROMPTS, max_new_tokens)
+    return generate_token_ids(ModelRunner(model, num_blocks=32), PROMPTS, max_new_tokens)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ def test_level_three_with_inductor_generates_the_eager_tokens(eager_tokens, tmp_
 def test_generation_is_deterministic_and_depends_on_the_seed(eager_tokens):
     assert generate(CompilationConfig(level=0)) == eager_tokens
     other = build_llama("tiny", seed=1, compilation_config=CompilationConfig(level=0))
-    assert ModelRunner(other, num_blocks=32).generate(PROMPTS, 6) != eager_tokens
+    assert generate_token_ids(ModelRunner(other, num_blocks=32), PROMPTS, 6) != eager_tokens
 
 
 def test_presets_have_the_advertised_sizes():
@@ -71,7 +72,7 @@ def test_blocks_are_returned_after_generation():
     model = build_llama("tiny", seed=0, compilation_config=CompilationConfig(level=0))
     runner = ModelRunner(model, num_blocks=32)
     free = runner.allocator.num_free_blocks
-    runner.generate(PROMPTS, 3)
+    generate_token_ids(runner, PROMPTS, 3)
     assert runner.allocator.num_free_blocks == free
 
 

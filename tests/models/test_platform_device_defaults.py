@@ -13,6 +13,7 @@ from slotwise.platforms import use_platform
 from slotwise_ascend_stub.platform import AscendStubPlatform
 from slotwise_engine.models.llama import PRESETS, LlamaForCausalLM, build_llama
 from slotwise_engine.runner.model_runner import ModelRunner
+from slotwise_engine.serving.generation import generate_token_ids
 
 
 class MetaDeviceStub(AscendStubPlatform):
@@ -61,6 +62,6 @@ def test_the_readme_quick_start_runs_on_a_gpu():
     model = build_llama("tiny", seed=0, compilation_config={"level": 3})
     runner = ModelRunner(model, num_blocks=64)
     runner.capture()
-    tokens = runner.generate([[1, 5, 9, 3]], max_new_tokens=8)
+    tokens = generate_token_ids(runner, [[1, 5, 9, 3]], max_new_tokens=8)
     assert runner.device.type == "cuda" and {d.split(":")[0] for d in devices(model)} == {"cuda"}
     assert len(tokens[0]) == 8

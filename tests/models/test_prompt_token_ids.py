@@ -11,8 +11,8 @@ import torch
 from slotwise.compilation import CompilationConfig
 from slotwise.errors import SlotwiseError
 from slotwise_engine.models.llama import build_llama
-from slotwise_engine.runner.generation import TokenIdError, generate
 from slotwise_engine.runner.model_runner import ModelRunner
+from slotwise_engine.serving.generation import TokenIdError, generate, generate_token_ids
 
 PROMPTS = [[1, 2, 3, 4], [50, 40, 30, 20]]
 STEPS = 4
@@ -55,7 +55,7 @@ def test_any_sequence_of_int_ids_generates_what_lists_do(runner, from_lists, pro
 
 
 def test_the_runners_greedy_generate_takes_arrays_too(runner, from_lists):
-    assert runner.generate(np.array(PROMPTS), STEPS) == from_lists
+    assert generate_token_ids(runner, np.array(PROMPTS), STEPS) == from_lists
 
 
 @pytest.mark.parametrize(

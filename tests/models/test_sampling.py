@@ -112,14 +112,13 @@ def test_per_request_parameters_in_one_batch():
         assert torch.equal(Sampler(params, "cpu")(logits), logits.argmax(-1))
 
 
-def test_keep_drops_rows_and_keeps_each_seeded_stream():
+def test_a_request_carries_its_generator_from_batch_to_batch():
     logits = logits_rows(2)
     a, b = SamplingParams(temperature=1.0, seed=1), SamplingParams(temperature=1.0, seed=2)
     reference = run(Sampler([b], "cpu"), logits[1:], 6)
     sampler = Sampler([a, b], "cpu")
     first = run(sampler, logits, 3)
-    sampler.keep([1])
-    rest = run(sampler, logits[1:], 3)
+    rest = run(Sampler([b], "cpu", generators=sampler.generators[1:]), logits[1:], 3)
     assert [step[1] for step in first] + [step[0] for step in rest] == [
         step[0] for step in reference
     ]

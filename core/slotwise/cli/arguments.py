@@ -13,8 +13,6 @@ import os
 from collections.abc import Callable
 from typing import NoReturn
 
-#: The largest seed ``torch.Generator.manual_seed`` takes (an unsigned 64-bit integer).
-MAX_SEED = 2**64 - 1
 #: Bound of token counts and positions: sizes that fit the int32 tensors they index.
 MAX_TOKENS = 2**31 - 1
 #: Largest tensor-parallel size: far past any machine, well inside every integer type.

@@ -104,6 +104,7 @@ def _child_main(variant: str, model: str, config_json: str, cache_dir: str, laye
     from slotwise_engine.bench.decode import build_model
     from slotwise_engine.models.llama import PRESETS, build_llama
     from slotwise_engine.runner.model_runner import ModelRunner
+    from slotwise_engine.serving.generation import generate_token_ids
 
     if variant != "eager":
         # What compiling imports (Dynamo among it), which an eager start never loads.
@@ -144,7 +145,7 @@ def _child_main(variant: str, model: str, config_json: str, cache_dir: str, laye
                 backend_seconds += time.perf_counter() - started
 
         dynamo_backends.TraceOnceBackend.build = timed_build  # type: ignore[method-assign]
-    tokens = runner.generate([PROMPT], 1)
+    tokens = generate_token_ids(runner, [PROMPT], 1)
     first_token_at = time.time()
     first_call = time.perf_counter() - mark
     phases["compile_or_load"] = backend_seconds

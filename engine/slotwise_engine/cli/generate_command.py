@@ -1,11 +1,12 @@
 """``slotwise generate``: text from a Hugging Face checkpoint folder, streamed as it comes.
 
-One prompt streams its text to stdout as the tokens come.  Several prompts run as one
-batch, and each one's text is printed whole under a ``[prompt N]`` line when it
-finishes (N counts the --prompt arguments from 0, as errors and the JSON ``index``
-do): streamed side by side, their pieces would interleave.  ``--json`` prints one
-object per prompt and line, in prompt order, at the end.  stdout carries only text or
-JSON; timings (time to first token, tokens per second) and logs go to stderr.
+The prompts run together on the engine (``slotwise_engine.serving``, through
+``generate``).  One prompt streams its text to stdout as the tokens come.  Several
+prompts each print their text whole under a ``[prompt N]`` line when they finish (N
+counts the --prompt arguments from 0, as errors and the JSON ``index`` do): streamed
+side by side, their pieces would interleave.  ``--json`` prints one object per prompt
+and line, in prompt order, at the end.  stdout carries only text or JSON; timings
+(time to first token, tokens per second) and logs go to stderr.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slotwise.cli.arguments import (
-    MAX_SEED,
     MAX_TOKENS,
     add_tp_argument,
     float_in,
@@ -25,12 +25,13 @@ from slotwise.cli.arguments import (
     utf8_text,
 )
 from slotwise.errors import SlotwiseError
+from slotwise_engine.serving.request_params import MAX_SEED
 
 if TYPE_CHECKING:
     from slotwise.compilation.config import CompilationConfig
     from slotwise_engine.models.tokenizer import Tokenizer
-    from slotwise_engine.runner.generation import Completion
     from slotwise_engine.runner.sampling import SamplingParams
+    from slotwise_engine.serving.generation import Completion
 
 DTYPES = ("float32", "bfloat16", "float16")
 #: Temperatures between 0 and this would divide the logits to infinities or 0/0 (a
@@ -61,7 +62,7 @@ def add_parser(commands: Any, name: str) -> None:
         action="append",
         type=utf8_text,
         metavar="TEXT",
-        help="prompt text (UTF-8); repeat for several prompts, which run as one batch",
+        help="prompt text (UTF-8); repeat for several prompts, which run together",
     )
     parser.add_argument(
         "--max-new-tokens",
@@ -201,8 +202,8 @@ def _generate(
     show: bool,
 ) -> list[Completion]:
     from slotwise_engine.models import load_model
-    from slotwise_engine.runner.generation import generate
     from slotwise_engine.runner.model_runner import ModelRunner, check_prompts
+    from slotwise_engine.serving.generation import generate
 
     model = load_model(args.model, dtype=args.dtype, compilation_config=config)
     try:  # before compiling or capturing anything
@@ -215,7 +216,8 @@ def _generate(
     except ValueError as exc:
         raise GenerateArgumentError(f"argument --prompt: {exc}") from exc
     block = model.config.block_size
-    # Exactly the blocks the batch needs, and one a FULL graph may reserve.
+    # The blocks all prompts need at their longest (the engine takes them as they grow),
+    # and one a FULL graph may reserve.
     num_blocks = sum(-(-(len(p) + args.max_new_tokens) // block) for p in prompts) + 1
     runner = ModelRunner(model, num_blocks=num_blocks)
     runner.capture(progress=show and not args.json)
@@ -270,7 +272,7 @@ def summary(completions: list[Completion]) -> str:
     """One line of timings: the decode rate of one prompt, or of the whole batch (the
     tokens after each first one over the time from the first token to the last)."""
     tokens = sum(len(c.token_ids) for c in completions)
-    ttft = completions[0].ttft_s  # one prefill step for the whole batch
+    ttft = min(c.ttft_s for c in completions)
     decoded = tokens - len(completions)
     decode_seconds = max(c.seconds for c in completions) - ttft
     rate = f"{decoded / decode_seconds:.1f} tokens/s" if decoded and decode_seconds > 0 else "-"

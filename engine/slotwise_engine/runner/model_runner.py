@@ -5,7 +5,7 @@ inputs and attention metadata (written into persistent buffers, ``StepInputs``, 
 sent to the device in one copy per storage), padding batches to the size the model's
 ``GraphDispatcher`` gives (graphs read those buffers in place; FULL graphs also their
 attention metadata, laid out there), capturing the dispatcher's capture plan at
-start-up, and greedy generation on top of prefill and decode steps.
+start-up; generation and serving run on top of it (slotwise_engine.serving).
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from slotwise.compilation.static_graphs.recorded_step import (
 from slotwise.forward_context import set_forward_context
 from slotwise.platforms import get_current_platform
 from slotwise_engine.runner.capture import CaptureReport, capture_graphs
-from slotwise_engine.runner.generation import generate
 from slotwise_engine.runner.step_inputs import StepBuffers, StepInputs
 
 logger = logging.getLogger(__name__)
@@ -388,12 +387,6 @@ class ModelRunner:
         return static.pad_general(
             padded, num_reqs, num_tokens, buffers.host_metadata, self.step_inputs.arange
         )
-
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
-        """Greedy continuation of each prompt by ``max_new_tokens`` (at least 1) tokens,
-        end-of-sequence ids included; ``slotwise_engine.runner.generation.generate`` samples,
-        stops at them and times the steps."""
-        return [c.token_ids for c in generate(self, prompts, max_new_tokens=max_new_tokens)]
 
 
 def check_prompts(

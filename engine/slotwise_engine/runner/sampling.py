@@ -45,17 +45,37 @@ class SamplingParams:
         return self.temperature == 0
 
 
+def seeded_generator(params: SamplingParams, device: torch.device | str) -> torch.Generator | None:
+    """The generator a request with ``params`` draws from: its own for a seed, else None
+    (torch's global one)."""
+    return None if params.seed is None else torch.Generator(device).manual_seed(params.seed)
+
+
 class Sampler:
     """Picks the next token of every request of a batch; row i of the logits is
-    request i.  Seeded requests keep their generator from step to step."""
+    request i.  Seeded requests keep their generator from step to step.
 
-    def __init__(self, params: Sequence[SamplingParams], device: torch.device | str) -> None:
+    ``generators``: each request's (``seeded_generator``), for requests that go on from
+    one batch to another; by default new ones from the seeds.
+    """
+
+    def __init__(
+        self,
+        params: Sequence[SamplingParams],
+        device: torch.device | str,
+        generators: Sequence[torch.Generator | None] | None = None,
+    ) -> None:
         self.params = list(params)
         self.device = torch.device(device)
-        self.generators = [
-            None if p.seed is None else torch.Generator(self.device).manual_seed(p.seed)
-            for p in self.params
-        ]
+        self.generators = (
+            [seeded_generator(p, self.device) for p in self.params]
+            if generators is None
+            else list(generators)
+        )
+        if len(self.generators) != len(self.params):
+            raise ValueError(
+                f"{len(self.generators)} generators for {len(self.params)} sampling parameters"
+            )
         self._set_tensors()
 
     def _set_tensors(self) -> None:
@@ -69,12 +89,6 @@ class Sampler:
         self.filters = any(p.top_k or p.top_p < 1 for p in params if not p.greedy)
         self.top_k = torch.tensor([p.top_k for p in params], device=device)
         self.top_p = torch.tensor([p.top_p for p in params], device=device).unsqueeze(1)
-
-    def keep(self, rows: Sequence[int]) -> None:
-        """Drop every request but ``rows`` (in this order), e.g. when others finished."""
-        self.params = [self.params[i] for i in rows]
-        self.generators = [self.generators[i] for i in rows]
-        self._set_tensors()
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """The next token id of each row of ``logits`` [batch, vocab], as a [batch]
