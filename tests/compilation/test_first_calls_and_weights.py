@@ -27,6 +27,7 @@ from slotwise.compilation.compilers import CompiledPiece, EagerCompiler
 from slotwise.testing.toy_models import TOY_SPLITTING_OPS, ToyTransformer
 from slotwise_engine.models.llama import build_llama
 from slotwise_engine.runner.model_runner import ModelRunner
+from slotwise_engine.serving.generation import generate_token_ids
 
 SIZES = (0, 1, 2, 5, 9)
 
@@ -68,10 +69,11 @@ import json, sys
 from slotwise.compilation import CompilationConfig, counters
 from slotwise_engine.models.llama import build_llama
 from slotwise_engine.runner.model_runner import ModelRunner
+from slotwise_engine.serving.generation import generate_token_ids
 config = CompilationConfig(level=3, backend="inductor", cache_dir=sys.argv[1])
 runner = ModelRunner(build_llama("tiny", seed=int(sys.argv[2]), compilation_config=config),
                      num_blocks=32)
-tokens = runner.generate(json.loads(sys.argv[3]), 6)
+tokens = generate_token_ids(runner, json.loads(sys.argv[3]), 6)
 print(json.dumps({"tokens": tokens, "hits": counters.num_cache_hits}))
 """
 
@@ -79,8 +81,8 @@ print(json.dumps({"tokens": tokens, "hits": counters.num_cache_hits}))
 def llama_tokens(seed: int, config: CompilationConfig, first_prompt=None) -> list[list[int]]:
     runner = ModelRunner(build_llama("tiny", seed=seed, compilation_config=config), num_blocks=32)
     if first_prompt is not None:
-        runner.generate([first_prompt], 1)
-    return runner.generate(LLAMA_PROMPTS, 6)
+        generate_token_ids(runner, [first_prompt], 1)
+    return generate_token_ids(runner, LLAMA_PROMPTS, 6)
 
 
 @pytest.mark.slow

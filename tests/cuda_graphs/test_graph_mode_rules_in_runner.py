@@ -26,6 +26,7 @@ from slotwise_cpu.attention import CpuSdpaBackend
 from slotwise_cuda.attention import TritonPagedBackend
 from slotwise_engine.models.llama import build_llama
 from slotwise_engine.runner.model_runner import ModelRunner
+from slotwise_engine.serving.generation import generate_token_ids
 
 
 def runner(preset, **fields) -> ModelRunner:
@@ -35,7 +36,7 @@ def runner(preset, **fields) -> ModelRunner:
 
 def eager_tokens(preset, max_new_tokens: int) -> list[list[int]]:
     model = build_llama(preset, seed=0, compilation_config=CompilationConfig(level=0))
-    return ModelRunner(model, num_blocks=32).generate(PROMPTS, max_new_tokens)
+    return generate_token_ids(ModelRunner(model, num_blocks=32), PROMPTS, max_new_tokens)
 
 
 @pytest.mark.parametrize(
@@ -60,7 +61,7 @@ def test_nothing_split_captures_no_pieces_and_gives_eagers_tokens(
     assert graphs.capture_sizes == [] and graphs.padded_size(3) == 3  # no padding
     with counters.expect(num_graphs_captured=0):
         assert graphs.capture(progress=False) == []
-        assert graphs.generate(PROMPTS, 5) == eager_tokens("tiny", 5)
+        assert generate_token_ids(graphs, PROMPTS, 5) == eager_tokens("tiny", 5)
     assert api.replays == 0
 
 
@@ -83,7 +84,7 @@ def test_nothing_split_turns_full_and_piecewise_into_full_graphs_of_the_whole_mo
     assert api.replays - replays == 1
     graphs.free(requests)
     with counters.expect(num_graphs_captured=0):
-        assert graphs.generate(PROMPTS, 4) == eager_tokens(TINY_HEAD_32, 4)
+        assert generate_token_ids(graphs, PROMPTS, 4) == eager_tokens(TINY_HEAD_32, 4)
 
 
 def test_torch_compile_disable_runs_eagerly_without_padding_or_captures(graph_platform_with):
@@ -94,7 +95,7 @@ def test_torch_compile_disable_runs_eagerly_without_padding_or_captures(graph_pl
         assert graphs.capture_sizes == [] and graphs.static_metadata is None
         with counters.expect(num_graphs_captured=0, num_graphs_seen=0, num_models_seen=0):
             assert graphs.capture(progress=False) == []
-            assert graphs.generate(PROMPTS, 5) == eager_tokens("tiny", 5)
+            assert generate_token_ids(graphs, PROMPTS, 5) == eager_tokens("tiny", 5)
     assert api.replays == 0
 
 

@@ -94,6 +94,7 @@ def test_runner_generates_the_eager_tokens_with_cuda_graphs(cuda_platform, graph
     from slotwise.compilation.static_graphs.contract import reset_capture_window
     from slotwise_engine.models.llama import build_llama
     from slotwise_engine.runner.model_runner import ModelRunner
+    from slotwise_engine.serving.generation import generate_token_ids
 
     prompts = [[1, 5, 9], [7, 7], [42, 11]]  # the prefill pads to 8, decodes to 4
     config = CompilationConfig(
@@ -105,8 +106,8 @@ def test_runner_generates_the_eager_tokens_with_cuda_graphs(cuda_platform, graph
         runner.capture(progress=False)
         eager = build_llama("small", seed=0, device="cuda", compilation_config={"level": 0})
         with counters.expect(num_graphs_captured=0):
-            tokens = runner.generate(prompts, 8)
-        assert tokens == ModelRunner(eager, num_blocks=64).generate(prompts, 8)
+            tokens = generate_token_ids(runner, prompts, 8)
+        assert tokens == generate_token_ids(ModelRunner(eager, num_blocks=64), prompts, 8)
     finally:
         reset_capture_window()
 

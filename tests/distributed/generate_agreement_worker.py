@@ -19,6 +19,7 @@ from typing import Any
 import slotwise.distributed as sd
 from slotwise_engine.models import load_model
 from slotwise_engine.runner.model_runner import ModelRunner
+from slotwise_engine.serving.generation import generate_token_ids
 
 LEVEL0 = {"level": 0}
 
@@ -36,8 +37,8 @@ def main() -> None:
     try:
         load_mine = outcome(lambda: load_model(my_folder, compilation_config=LEVEL0) and None)
         runner = ModelRunner(load_model(shared_folder, compilation_config=LEVEL0), num_blocks=64)
-        generate_mine = outcome(lambda: runner.generate(json.loads(my_prompts), 4))
-        generate_shared = outcome(lambda: runner.generate(json.loads(shared_prompts), 4))
+        generate_mine = outcome(lambda: generate_token_ids(runner, json.loads(my_prompts), 4))
+        generate_shared = outcome(lambda: generate_token_ids(runner, json.loads(shared_prompts), 4))
     finally:
         sd.shutdown_distributed()
     report = {"load": load_mine, "generate": generate_mine, "again": generate_shared}

@@ -20,6 +20,7 @@ from slotwise.distributed import init_distributed, shutdown_distributed
 from slotwise_engine.models import checkpoint as checkpoint_module
 from slotwise_engine.models import load_model
 from slotwise_engine.runner.model_runner import ModelRunner
+from slotwise_engine.serving.generation import generate_token_ids
 
 bytes_read = 0
 CHECKPOINT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
@@ -47,8 +48,8 @@ def main() -> None:
     info = init_distributed(tensor_parallel_size=2)
     try:
         model = load_model(folder, compilation_config={"level": int(level), "backend": "eager"})
-        tokens = ModelRunner(model, num_blocks=64).generate(
-            json.loads(prompts), int(max_new_tokens)
+        tokens = generate_token_ids(
+            ModelRunner(model, num_blocks=64), json.loads(prompts), int(max_new_tokens)
         )
         heads = model.model.layers[0].self_attn.attn.num_heads
     finally:

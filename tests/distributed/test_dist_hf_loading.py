@@ -25,6 +25,7 @@ from slotwise_engine.models.hf_config import HFConfig
 from slotwise_engine.models.loader import load_weights
 from slotwise_engine.models.registry import model_class
 from slotwise_engine.runner.model_runner import ModelRunner
+from slotwise_engine.serving.generation import generate_token_ids
 
 WORKER = Path(__file__).resolve().parent / "hf_load_worker.py"
 PROMPTS = [[12, 5, 9], list(range(100, 124)), [299, 0, 1, 2, 3, 4, 5]]
@@ -93,8 +94,8 @@ def test_torchrun_ranks_read_their_shards_and_generate_the_single_process_tokens
     spec, level, tmp_path
 ):
     folder = make_checkpoint(spec, tmp_path / "checkpoint", max_shard_size="100KB")
-    expected = ModelRunner(load_model(folder, compilation_config=LEVEL0), num_blocks=64).generate(
-        PROMPTS, 8
+    expected = generate_token_ids(
+        ModelRunner(load_model(folder, compilation_config=LEVEL0), num_blocks=64), PROMPTS, 8
     )
     out = tmp_path / "out"
     out.mkdir()

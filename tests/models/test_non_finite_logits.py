@@ -27,9 +27,9 @@ from slotwise.compilation import CompilationConfig
 from slotwise.compilation.config import ENV_CONFIG
 from slotwise.errors import SlotwiseError
 from slotwise_engine.models.llama import build_llama
-from slotwise_engine.runner.generation import Completion, NonFiniteLogitsError, generate
 from slotwise_engine.runner.model_runner import ModelRunner
 from slotwise_engine.runner.sampling import SamplingParams
+from slotwise_engine.serving.generation import Completion, NonFiniteLogitsError, generate
 
 cli_main = importlib.import_module("slotwise.cli.main")
 
