@@ -222,10 +222,10 @@ def test_an_unknown_command_lists_the_installed_ones(dists):
         assert f"'{name}'" in done.stderr
 
 
-def test_generate_and_bench_come_from_the_engine_distribution():
+def test_generate_bench_and_serve_come_from_the_engine_distribution():
     found = {ep.name: ep.dist.name for ep in importlib.metadata.entry_points(group=COMMAND_GROUP)}
-    assert found["generate"] == found["bench"] == "slotwise-engine"
-    assert not {"generate", "bench"} & set(cli_main.BUILT_IN_COMMANDS)
+    assert found["generate"] == found["bench"] == found["serve"] == "slotwise-engine"
+    assert not {"generate", "bench", "serve"} & set(cli_main.BUILT_IN_COMMANDS)
 
 
 def test_without_the_engine_its_commands_say_what_to_install():
@@ -238,5 +238,8 @@ def test_without_the_engine_its_commands_say_what_to_install():
         "slotwise generate is part of the slotwise-engine distribution, which is not "
         "installed: pip install slotwise-engine (installed: conformance, env, matrix, "
         "new-plugin)"
+    )
+    assert cli_main._unavailable("serve", commands).startswith(
+        "slotwise serve is part of the slotwise-engine distribution"
     )
     assert cli_main._unavailable("env", commands) is None

@@ -89,8 +89,9 @@ def test_the_engine_commands_say_what_to_install(venv):
     (line,) = [line for line in done.stderr.splitlines() if line.startswith("slotwise")]
     assert line.startswith("slotwise: error: slotwise generate is part of the slotwise-engine")
     assert INSTALL in line and "Traceback" not in done.stderr
-    bench = venv.run("slotwise", "bench", "--preset", "tiny")
-    assert bench.returncode == 2 and INSTALL in bench.stderr
+    for command in (["bench", "--preset", "tiny"], ["serve", "--model", "folder"]):
+        done = venv.run("slotwise", *command)
+        assert done.returncode == 2 and INSTALL in done.stderr, command
     imported = venv.python("import slotwise_engine.models")
     assert imported.returncode != 0
     assert "No module named 'slotwise_engine'" in imported.stderr

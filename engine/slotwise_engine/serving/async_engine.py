@@ -93,7 +93,8 @@ class AsyncLLMEngine:
         if self._stepping:
             self._to_abort.append(request_id)
         else:
-            self._to_add = [r for r in self._to_add if r.request_id != request_id]
+            # Queued first if it came during a step, so its "abort" output comes too.
+            self._apply_pending()
             self.engine.abort(request_id)
             self._wake_loop()
 
