@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from support import Distributions
+from support import Distributions, skip_cuda_tests_without_a_gpu
 
 
 @pytest.fixture
@@ -27,14 +27,4 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip tests marked ``cuda`` where no NVIDIA GPU is usable."""
-    if not any(item.get_closest_marker("cuda") for item in items):
-        return
-    import torch
-
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
-    for item in items:
-        if item.get_closest_marker("cuda"):
-            item.add_marker(skip)
+    skip_cuda_tests_without_a_gpu(items)

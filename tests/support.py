@@ -200,3 +200,19 @@ reference = SillyModel(compilation_config=CompilationConfig(level=0))
 x = torch.randn(5, 8)
 torch.testing.assert_close(model(x), reference(x))
 """
+
+
+def skip_cuda_tests_without_a_gpu(items: list) -> None:
+    """Skip the tests marked ``cuda`` among ``items`` where no NVIDIA GPU is usable (a
+    conftest's ``pytest_collection_modifyitems``)."""
+    marked = [item for item in items if item.get_closest_marker("cuda")]
+    if not marked:
+        return
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
+    for item in marked:
+        item.add_marker(skip)

@@ -7,6 +7,7 @@ import os
 import tempfile
 
 import pytest
+from support import skip_cuda_tests_without_a_gpu
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -14,3 +15,7 @@ def pytest_configure(config: pytest.Config) -> None:
     instead of the slotwise cache of whichever test first compiles with it."""
     default = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_cuda_tests_without_a_gpu(items)

@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
-
-# The checkpoint and tokenizer makers of the model tests, in the repository's tests/
-# (appended: nothing there shadows a module of the engine's tests).
-ROOT_TESTS = str(Path(__file__).resolve().parents[3] / "tests")
-if ROOT_TESTS not in sys.path:
-    sys.path.append(ROOT_TESTS)
-
-from models.hf_checkpoints import edit_config, make_checkpoint  # noqa: E402
-from models.hf_tokenizers import make_tokenizer  # noqa: E402
+from models.hf_checkpoints import edit_config, make_checkpoint
+from models.hf_tokenizers import make_tokenizer
 
 
 @pytest.fixture(scope="session")

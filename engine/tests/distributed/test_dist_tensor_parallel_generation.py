@@ -10,7 +10,7 @@ from support import torchrun
 
 from slotwise_engine.models.llama import PRESETS
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tensor_parallel.py"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tensor_parallel.py"
 
 
 @pytest.mark.slow

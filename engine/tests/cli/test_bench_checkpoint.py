@@ -69,7 +69,7 @@ def test_model_and_preset_exclude_each_other(folder, bench, capsys):
 
 @pytest.mark.slow
 def test_the_comparison_with_transformers_runs(tmp_path):
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_vs_transformers.py"
+    script = Path(__file__).resolve().parents[3] / "benchmarks" / "decode_vs_transformers.py"
     result = subprocess.run(
         [sys.executable, str(script), "--hidden-size", "128", "--intermediate-size", "256",
          "--layers", "2", "--vocab-size", "512", "--iterations", "2", "--warmups", "1",
