@@ -31,9 +31,12 @@ metadata arrays), their upload to the device and its metadata build (views of th
 under FULL_AND_PIECEWISE the static layout's padding), the model call (forward context,
 module calls), the model entry (the direct entry and the split graph's forward), or, once
 a decode step of the size is recorded, the recorded step's own calls; the graph wrappers
-(each piece's, or the whole model's), the graph replays, the attention op (the split
-graph's direct call into it and its body, measured by calling it alone), the backend's
-metadata slices, its tensor checks, the KV write and the kernel launch, and sampling.
+(each piece's, or the whole model's), the graph replays, the attention op where the step
+is not recorded (the split graph's direct call into it and its body, measured by calling
+it alone; a recorded step calls what each layer's backend bound, past the op), the
+backend's lookup of its bound calls and their binding with its tensor checks (both
+only where the step's metadata or tensors are new), the KV write (the layer's bound
+calls, less the launch) and the kernel launch, and sampling.
 
 ``--device cuda`` runs the same step and reference in bfloat16 (``--dtype``) with the
 platform's real CUDA graphs, Triton kernels (launched bound, as the backend launches
@@ -52,6 +55,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import functools
 import io
 import pstats
 import statistics
@@ -172,15 +176,39 @@ class RecordingLauncher:
         self.inner = inner
         self.api = api
 
-    def plan(self, *args: Any) -> Callable[..., None]:
-        run = (lambda *args: None) if self.inner is None else self.inner.plan(*args)
+    def plan(self, *args: Any) -> RecordingPlan:
+        return RecordingPlan(None if self.inner is None else self.inner.plan(*args), self.api)
 
-        def launch(*args: Any) -> None:
-            if self.api.trace is not None:
-                self.api.trace.append(("launch", lambda: run(*args)))
-            run(*args)
+
+class RecordingPlan:
+    """A ``LaunchPlan`` of the ``RecordingLauncher``: ``inner``'s launches (None:
+    nothing), added to the API's trace while one is taken."""
+
+    def __init__(self, inner: Any | None, api: RecordingGraphAPI) -> None:
+        self.inner = inner
+        self.api = api
+
+    def __call__(self, *args: Any) -> None:
+        self.launch(self.inner if self.inner is not None else _no_launch, args)
+
+    def bind(self, *args: Any) -> Callable[[], None]:
+        """As ``LaunchPlan.bind``: the inner plan's bound call of ``args`` (``launch``
+        looked up at each call, so that the phase hooks see it)."""
+        run = _no_launch if self.inner is None else self.inner.bind(*args)
+
+        def launch() -> None:
+            self.launch(run, ())
 
         return launch
+
+    def launch(self, run: Callable[..., None], args: tuple[Any, ...]) -> None:
+        if self.api.trace is not None:
+            self.api.trace.append(("launch", functools.partial(run, *args)))
+        run(*args)
+
+
+def _no_launch(*args: Any) -> None:
+    """The null device's kernel launch."""
 
 
 class NullLogits:
@@ -479,7 +507,8 @@ def phase_hooks(setup: Setup) -> list[tuple[str, Any, str]]:
         ("runner: step inputs", ModelRunner, "step"),
         ("runner: input write", StepInputs, "write"),
         ("runner: input upload", StepBuffers, "upload"),
-        ("runner: metadata build", runner.metadata_builder, "from_buffers"),
+        ("runner: metadata build", ModelRunner, "_step_metadata"),
+        ("runner: metadata build", ModelRunner, "_static_step_metadata"),
         ("runner: model call", ModelRunner, "_run"),
         ("model entry", CompiledForward, "__call__"),
         ("model entry", DirectEntry, "__call__"),
@@ -487,9 +516,9 @@ def phase_hooks(setup: Setup) -> list[tuple[str, Any, str]]:
         ("graph wrapper", StaticGraphPiecewiseBackend, "__call__"),
         ("graph wrapper", StaticGraphWrapper, "__call__"),
         ("graph replay", RecordingGraph, "replay"),
-        ("attention: kv write", backend, "write_to_kv_cache"),
+        ("attention: kv write", backend._LayerCalls, "run"),
         ("attention: launch binding and checks", kernels, "PagedAttentionLaunch"),
-        ("attention: launch", kernels.PagedAttentionLaunch, "__call__"),
+        ("attention: launch", RecordingPlan, "launch"),
         ("sampling", Sampler, "__call__"),
         (
             "sampling",
@@ -497,11 +526,10 @@ def phase_hooks(setup: Setup) -> list[tuple[str, Any, str]]:
             "__call__",
         ),
     ]
-    if setup.full_graph:
-        hooks.append(("runner: metadata build", StaticAttentionMetadata, "pad_uniform_decode"))
-    else:
+    if not setup.full_graph:
         hooks += [
-            ("attention: metadata", layer.impl, "forward") for layer in attention_layers(runner)
+            ("attention: bound-call lookup", layer.impl, "forward")
+            for layer in attention_layers(runner)
         ]
     return hooks
 
@@ -539,13 +567,18 @@ def measure_phases(setup: Setup, rounds: int, steps: int) -> dict[str, float]:
             # Recorded steps hold bound calls: recorded again below, they bind the hooks.
             if setup.runner.recorded_steps:
                 setup.runner.recorded_steps.clear()
-            root(setup, requests, sampler)  # the wrappers' first calls, and the recording
+            # The wrappers' first calls and the recording, then its first run, which binds
+            # each layer's attention calls to the step's metadata.
+            root(setup, requests, sampler)
+            root(setup, requests, sampler)
             clock.ns.clear()
             for _ in range(steps):
                 setup.platform.synchronize()
                 root(setup, requests, sampler)
         for phase, ns in clock.ns.items():
             per_round[phase].append(ns / steps / 1e3)
+    if setup.runner.recorded_steps:  # recorded again, without the hooks
+        setup.runner.recorded_steps.clear()
     return {phase: statistics.median(values) for phase, values in per_round.items()}
 
 
@@ -672,12 +705,11 @@ def build_report(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
         samples = measure(setup, args.rounds, args.steps)
         phases = measure_phases(setup, args.rounds, args.steps)
         layers = setup.num_layers
-        if not setup.full_graph:  # inside a FULL graph the op is not called
+        # Inside a FULL graph the op is not called; a recorded step calls what each
+        # layer's backend bound, past the op.
+        if not setup.full_graph and "recorded step" not in phases:
             op = time_attention_op(setup, 200 * args.steps)
-            if "recorded step" in phases:  # its calls run the op's body, bound
-                del op["attention: op dispatch"]
-            caller = "recorded step" if "recorded step" in phases else "model entry"
-            phases[caller] -= layers * sum(op.values())
+            phases["model entry"] -= layers * sum(op.values())
             phases.update({name: value * layers for name, value in op.items()})
         step = statistics.median(samples["step"])
         reference = statistics.median(samples["reference"])
@@ -762,7 +794,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "µs/step)"
         + (
             ""
-            if report["full_graph_step"]
+            if report["full_graph_step"] or "recorded step" in report["phases_us_per_step"]
             else "; the op's dispatch and body are timed apart and taken out of the model entry"
         ),
     ]

@@ -6,4 +6,4 @@ __version__ = "0.1.0"
 
 #: Version of the plugin API (``slotwise.plugin_api``). Plugins declare the range they
 #: support in ``PlatformSpec.requires_api``; see docs/api-versioning.md for the policy.
-API_VERSION = "1.6"
+API_VERSION = "1.7"

@@ -26,13 +26,9 @@ COMMON_PHASES = {
     "graph replay",
     "sampling",
 }
-PIECEWISE_PHASES = COMMON_PHASES | {
-    "attention: op body",
-    "attention: metadata",
-    "attention: launch binding and checks",
-    "attention: kv write",
-    "attention: launch",
-}
+#: A recorded step calls each layer's bound attention calls, past the op, with nothing
+#: looked up, checked or bound again while the step's shape stays.
+PIECEWISE_PHASES = COMMON_PHASES | {"attention: kv write", "attention: launch"}
 #: Attention runs inside the one graph; the runner lays out the metadata it reads.
 FULL_PHASES = COMMON_PHASES
 

@@ -10,6 +10,15 @@ import torch
 from slotwise.attention.layer import Attention
 from slotwise.platforms import current_platform
 
+_allocations = 0
+
+
+def kv_cache_allocations() -> int:
+    """How many times ``allocate_kv_caches`` gave layers new caches in this process:
+    whoever keeps something made over a cache (a bound plan, views of it) drops it
+    when this changes, rather than keep the old cache's memory alive."""
+    return _allocations
+
 
 def allocate_kv_caches(
     model: torch.nn.Module,
@@ -35,6 +44,8 @@ def allocate_kv_caches(
     if device.type == current_platform.device_type:
         # Before the first write, while the platform has no pages to move yet.
         current_platform.advise_resident_memory(empty)
+    global _allocations
+    _allocations += 1
     caches = {}
     for layer, cache in zip(layers, empty, strict=True):
         layer.kv_cache = cache.zero_()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -48,3 +50,22 @@ class AttentionImpl:
         and return None.  ``kv_cache`` has the backend's ``get_kv_cache_shape``.
         """
         raise NotImplementedError(f"{type(self).__qualname__} must implement forward()")
+
+    def bind(
+        self,
+        layer: Attention,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        output: torch.Tensor,
+    ) -> Callable[[], None]:
+        """``forward`` on these arguments as one call without arguments, for a caller
+        that makes it again step after step (a recorded decode step): with the same
+        tensors, cache and metadata object, whose tensors a runner rewrites in place
+        between steps (``step_cache`` emptied, counts set anew).  The caller binds
+        again when any of those is another object.  A backend that binds its work to
+        the tensors (``AttentionMetadata.layout_cache``) returns that work here;
+        by default, ``forward`` with these arguments."""
+        return functools.partial(self.forward, layer, q, k, v, kv_cache, metadata, output)

@@ -50,8 +50,18 @@ class AttentionMetadata:
     num_decode_tokens: int
     #: What a backend derives from this metadata for one layer and every other layer
     #: reuses: one metadata object serves all layers of a step, so whatever is stored
-    #: here (checked argument layouts, bound kernel launches) is worked out once per step.
+    #: here (values read from the tensors, checked argument layouts) is worked out once
+    #: per step.  Emptied when the object serves another step (``next_step``).
     step_cache: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    #: What a backend derives from the metadata's tensors as objects (their shapes,
+    #: strides, addresses, views of them), never from what they hold: kept across
+    #: steps for as long as a runner reuses this object, i.e. for steps of the same
+    #: shape over the same buffers, whose contents it rewrites in place (bound kernel
+    #: launches, per-layer plans).  Whatever is kept here is checked against the tensors
+    #: of each call (q, the KV cache, ...) before it is used.
+    layout_cache: dict[Any, Any] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def num_reqs(self) -> int:
@@ -72,6 +82,25 @@ class AttentionMetadata:
                 prefill_starts - decodes if decodes and self.num_prefills else prefill_starts
             ),
         )
+
+
+def next_step(metadata: AttentionMetadata, *, max_query_len: int, max_seq_len: int) -> None:
+    """Make ``metadata`` serve the next step of its shape, whose values were written into
+    its tensors in place: that step's largest query and sequence lengths, an empty
+    ``step_cache``; its ``layout_cache`` and ``split`` stay (the split's views, and its
+    prefills' query starts rewritten in place)."""
+    metadata.max_query_len = max_query_len
+    metadata.max_seq_len = max_seq_len
+    metadata.step_cache.clear()
+    split = metadata.__dict__.get("split")
+    decodes = metadata.num_decodes
+    if split is not None and decodes and metadata.num_prefills:
+        # The one part of the split computed from values rather than viewed: computed
+        # again, in place, where launches bound to it read it (made in a step's
+        # inference mode, it may be an inference tensor).
+        starts = split.prefill_query_start_loc
+        with torch.inference_mode():
+            torch.sub(metadata.query_start_loc[decodes:], decodes, out=starts)
 
 
 Array = TypeVar("Array")

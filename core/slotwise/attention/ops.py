@@ -82,14 +82,51 @@ class LayerAttention:
         """
         metadata = get_forward_context().attn_metadata
         if isinstance(metadata, dict):
+            metadata = self._metadata(metadata)
+        if metadata is None:
+            out.zero_()
+            return
+        layer = self._layer()
+        if layer is None or layer.kv_cache is None:
+            layer, _ = self._layer_and_cache()
+        layer.impl.forward(layer, q, k, v, layer.kv_cache, metadata, out)
+        if metadata.num_actual_tokens < out.shape[0]:
+            # Padding rows (static-graph sizes) get zeros rather than stale memory.
+            out[metadata.num_actual_tokens :].zero_()
+
+    def bind(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, metadata: Any
+    ) -> Callable[[], None]:
+        """``run`` on these tensors under ``metadata`` (the forward context's
+        ``attn_metadata``) as one call, bound by the layer's backend
+        (``AttentionImpl.bind``): valid for as long as the tensors, the layer's KV cache
+        and the metadata object are these ones, whatever their tensors hold."""
+        metadata = self._metadata(metadata)
+        if metadata is None:
+            return out.zero_
+        layer, kv_cache = self._layer_and_cache()
+        call = layer.impl.bind(layer, q, k, v, kv_cache, metadata, out)
+        if metadata.num_actual_tokens == out.shape[0]:
+            return call
+        padding = out[metadata.num_actual_tokens :]
+
+        def call_and_clear_padding() -> None:
+            call()
+            padding.zero_()
+
+        return call_and_clear_padding
+
+    def _metadata(self, metadata: Any) -> Any:
+        """This layer's metadata out of the forward context's ``attn_metadata``."""
+        if isinstance(metadata, dict):
             if self.layer_name not in metadata:
                 raise KeyError(
                     f"the forward context's attn_metadata has no entry for {self.layer_name!r}"
                 )
-            metadata = metadata[self.layer_name]
-        if metadata is None:
-            out.zero_()
-            return
+            return metadata[self.layer_name]
+        return metadata
+
+    def _layer_and_cache(self) -> tuple[Attention, torch.Tensor]:
         layer = self._layer()
         if layer is None:
             layer = get_attention_layer(self.layer_name)
@@ -100,10 +137,7 @@ class LayerAttention:
                 f"Attention layer {self.layer_name!r} has no KV cache; call "
                 "slotwise.attention.allocate_kv_caches(model, num_blocks) first"
             )
-        layer.impl.forward(layer, q, k, v, kv_cache, metadata, out)
-        if metadata.num_actual_tokens < out.shape[0]:
-            # Padding rows (static-graph sizes) get zeros rather than stale memory.
-            out[metadata.num_actual_tokens :].zero_()
+        return layer, kv_cache
 
     def __reduce__(self) -> tuple[Any, ...]:
         return layer_attention, (self.layer_name,)

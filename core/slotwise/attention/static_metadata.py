@@ -83,6 +83,9 @@ class StaticAttentionMetadata:
         self.slot_mapping = buffers.slot_mapping
         self.block_table = buffers.block_table
         self._views: dict[int, MetadataBuffers[torch.Tensor]] = {}
+        #: One metadata object per size and layout (padded size, decodes), handed out
+        #: again for every step of that layout: its tensors are these buffers.
+        self._metadata: dict[tuple[int, int], AttentionMetadata] = {}
 
     def uniform_decode(
         self, padded_size: int, metadata: AttentionMetadata | None
@@ -114,7 +117,8 @@ class StaticAttentionMetadata:
         runs) itself: the padding goes there too; ``arange``: 0, 1, ... of the
         arrays' kind, at least ``padded_size + 1`` long."""
         self._check_size(padded_size)
-        self._pad(host, arange, padded_size, num_reqs, num_reqs)
+        if num_reqs < padded_size:
+            self._pad(host, arange, padded_size, num_reqs, num_reqs)
         return self.uniform_decode_view(padded_size)
 
     def pad_general(
@@ -198,6 +202,13 @@ class StaticAttentionMetadata:
     def _view(
         self, padded_size: int, *, max_query_len: int, num_decodes: int, num_prefills: int
     ) -> AttentionMetadata:
+        key = (padded_size, num_decodes)
+        metadata = self._metadata.get(key)
+        if metadata is not None:
+            # The same tensors with new contents and the same counts (next_step would
+            # set them as they are): what its layout_cache holds still holds.
+            metadata.step_cache.clear()
+            return metadata
         views = self._views.get(padded_size)
         if views is None:  # made once per size: the addresses never change
             views = self._views[padded_size] = MetadataBuffers(
@@ -206,7 +217,7 @@ class StaticAttentionMetadata:
                 slot_mapping=self.slot_mapping[:padded_size],
                 block_table=self.block_table[:padded_size],
             )
-        return AttentionMetadata(
+        metadata = self._metadata[key] = AttentionMetadata(
             num_actual_tokens=padded_size,
             query_start_loc=views.query_start_loc,
             seq_lens=views.seq_lens,
@@ -219,3 +230,4 @@ class StaticAttentionMetadata:
             num_decodes=num_decodes,
             num_decode_tokens=num_decodes,
         )
+        return metadata

@@ -25,9 +25,9 @@ from slotwise.attention import (
     allocate_kv_caches,
     num_blocks_for,
 )
-from slotwise.attention.metadata import AttentionMetadataBuilder
-from slotwise.compilation.config import CompilationConfig, GraphMode
+from slotwise.attention.metadata import AttentionMetadataBuilder, next_step
 from slotwise.compilation.compiled_modules import compiled_forward_of
+from slotwise.compilation.config import CompilationConfig, GraphMode
 from slotwise.compilation.static_graphs.dispatcher import (
     CaptureCase,
     GraphDispatcher,
@@ -294,12 +294,15 @@ class ModelRunner:
         inputs = self.step_inputs
         buffers = inputs.buffers_for(graphs.padded_size)
         inputs.write(buffers, batch, query_lens, uniform_decode=uniform_decode)
-        metadata = self._step_metadata(graphs, buffers, batch, query_lens, num_tokens)
         padded = graphs.padded_size
+        as_built = graphs.metadata_layout == MetadataLayout.AS_BUILT
+        if not as_built:  # the static layout's padding goes into the host arrays first
+            metadata = self._static_step_metadata(graphs, buffers, len(batch), num_tokens)
         if padded > num_tokens:
             inputs.pad_inputs(buffers, num_tokens, padded)
-        num_rows = len(batch) if graphs.metadata_layout == MetadataLayout.AS_BUILT else padded
-        buffers.upload(padded, num_rows)
+        buffers.upload(padded, len(batch) if as_built else padded)
+        if as_built:  # after the upload: metadata kept from a step before reads it
+            metadata = self._step_metadata(graphs, buffers, batch, query_lens, num_tokens)
         recorded = self.recorded_steps.get(graphs) if self.recorded_steps else None
         if recorded is not None and self._still_valid(recorded):
             hidden = recorded.run(metadata)
@@ -361,19 +364,35 @@ class ModelRunner:
         query_lens: Sequence[int],
         num_tokens: int,
     ) -> AttentionMetadata:
-        """The step's metadata over ``buffers`` (written for ``batch`` already), laid out
-        as ``graphs.metadata_layout`` says: as written, or padded for a FULL graph."""
+        """The step's metadata as written into ``buffers`` for ``batch`` (and uploaded):
+        the one kept for steps of its shape, set to this step (``next_step``, which may
+        recompute on the device what it derives from the values), or a new one."""
         num_reqs = len(batch)
-        if graphs.metadata_layout == MetadataLayout.AS_BUILT:
-            num_decodes = num_reqs if graphs.uniform_decode else query_lens.count(1)
-            return self.metadata_builder.from_buffers(
-                buffers.metadata_views(num_reqs, num_tokens),
-                num_reqs=num_reqs,
-                num_tokens=num_tokens,
-                num_decodes=num_decodes,
-                max_query_len=max(query_lens),
-                max_seq_len=max(len(s.tokens) for s in batch),
-            )
+        num_decodes = num_reqs if graphs.uniform_decode else query_lens.count(1)
+        max_query_len = max(query_lens)
+        max_seq_len = max(len(s.tokens) for s in batch)
+        shape = (num_reqs, num_tokens, num_decodes)
+        metadata = buffers.step_metadata(shape)
+        if metadata is not None:
+            next_step(metadata, max_query_len=max_query_len, max_seq_len=max_seq_len)
+            return metadata
+        metadata = self.metadata_builder.from_buffers(
+            buffers.metadata_views(num_reqs, num_tokens),
+            num_reqs=num_reqs,
+            num_tokens=num_tokens,
+            num_decodes=num_decodes,
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
+        )
+        if buffers is self.step_inputs.graph:
+            buffers.keep_step_metadata(shape, metadata)
+        return metadata
+
+    def _static_step_metadata(
+        self, graphs: StepGraphs, buffers: StepBuffers, num_reqs: int, num_tokens: int
+    ) -> AttentionMetadata:
+        """The step's metadata in the static layout a FULL graph reads: the padding
+        requests written into ``buffers``' host arrays after the ``num_reqs`` real ones."""
         static = self.static_metadata
         assert static is not None
         padded = graphs.padded_size

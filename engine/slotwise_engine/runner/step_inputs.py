@@ -31,7 +31,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from slotwise.attention.metadata import MetadataBuffers
+from slotwise.attention.cache_allocation import kv_cache_allocations
+from slotwise.attention.metadata import AttentionMetadata, MetadataBuffers
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,9 @@ class StepBuffers:
         self.decode_starts = 0
         self._views: dict[tuple[int, int], MetadataBuffers[torch.Tensor]] = {}
         self._inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        #: Step shape -> the metadata of the last step of that shape over these buffers.
+        self._metadata: dict[tuple[int, int, int], AttentionMetadata] = {}
+        self._kv_cache_allocations = kv_cache_allocations()
 
     def metadata_views(self, num_reqs: int, num_tokens: int) -> MetadataBuffers[torch.Tensor]:
         """The device metadata of a step of ``num_reqs`` requests and ``num_tokens``
@@ -142,6 +146,24 @@ class StepBuffers:
                 block_table=meta.block_table[:num_reqs],
             )
         return views
+
+    def step_metadata(self, shape: tuple[int, int, int]) -> AttentionMetadata | None:
+        """The metadata kept for steps of ``shape`` (requests, tokens, decodes), to serve
+        the next one (``slotwise.attention.metadata.next_step``): its tensors are views of these
+        buffers, rewritten in place, so what backends keep in its ``layout_cache``
+        (bound launches, per-layer plans) holds.  None when none is kept; all are dropped
+        once KV caches were allocated again, so none keeps an old cache alive."""
+        if self._kv_cache_allocations != kv_cache_allocations():
+            self._kv_cache_allocations = kv_cache_allocations()
+            self._metadata.clear()
+            return None
+        return self._metadata.get(shape)
+
+    def keep_step_metadata(self, shape: tuple[int, int, int], metadata: AttentionMetadata) -> None:
+        """Keep ``metadata``, made over these buffers, for the next step of ``shape``."""
+        if len(self._metadata) >= _MAX_CACHED_VIEWS:
+            self._metadata.clear()
+        self._metadata[shape] = metadata
 
     def model_inputs(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The device token ids and positions of a step of ``num_tokens`` (padded) tokens."""
@@ -257,17 +279,18 @@ class StepInputs:
         size = self.block_size
         n = len(batch)
         if uniform_decode:
-            cached = [request.num_cached for request in batch]
-            ids[:n] = [request.tokens[-1] for request in batch]
-            positions[:n] = cached
-            meta.seq_lens[:n] = [pos + 1 for pos in cached]
+            # Element by element: cheaper than a slice assigned from a list at the
+            # batch sizes decodes run at.
+            seq_lens, slot_mapping = meta.seq_lens, meta.slot_mapping
+            for row, request in enumerate(batch):
+                pos = request.num_cached
+                ids[row] = request.tokens[-1]
+                positions[row] = pos
+                seq_lens[row] = pos + 1
+                slot_mapping[row] = request.block_ids[pos // size] * size + pos % size
             if buffers.decode_starts <= n:
                 meta.query_start_loc[: n + 1] = self._arange[: n + 1]
                 buffers.decode_starts = n + 1
-            meta.slot_mapping[:n] = [
-                request.block_ids[pos // size] * size + pos % size
-                for request, pos in zip(batch, cached, strict=True)
-            ]
             return
         start = 0
         table = meta.block_table

@@ -326,3 +326,29 @@ def test_on_the_gpu_the_compiled_kernel_is_bound_and_matches_the_jit(monkeypatch
     assert len(bound._compiled) == 2  # one decode and one prefill kernel for the whole run
     # Neither path compiled again as the block table widened or the batch changed.
     assert len(kernel_cache) - compiled_before <= 2
+
+
+def test_a_bound_call_launches_on_its_tensors_as_they_are_when_it_is_made(bound, device):
+    # What a backend keeps from step to step: the launch bound to the step's tensors,
+    # which a runner rewrites in place; made before any launch, it binds on its first.
+    tensors = step(device, [1, 1], [5, 9], 3)
+    out = torch.zeros_like(tensors["q"])
+    launch = attention.PagedAttentionLaunch(
+        tensors["q"], tensors["k_cache"], tensors["v_cache"], tensors["block_table"],
+        tensors["seq_lens"], out,
+    )  # fmt: skip
+    arguments = (
+        tensors["q"], tensors["k_cache"], tensors["v_cache"], tensors["block_table"],
+        tensors["seq_lens"], out, HEAD_SIZE**-0.5,
+    )  # fmt: skip
+    first = launch.bind(*arguments)
+    first()
+    call = launch.bind(*arguments)  # now the compiled kernel with its arguments
+    for seed, context_lens in enumerate(([6, 10], [7, 3]), start=1):
+        later = step(device, [1, 1], context_lens, 3, seed=seed)
+        for name in ("q", "k_cache", "v_cache", "block_table", "seq_lens"):
+            tensors[name].copy_(later[name])
+        call()
+        torch.testing.assert_close(out, attend(later, 2), rtol=0, atol=0)
+    assert len(bound.compiled) == 1
+    assert bound.compiled[0].launches == 3 + 2  # these three, the two references

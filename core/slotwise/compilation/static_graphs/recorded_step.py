@@ -52,19 +52,12 @@ class NotReady(Exception):
 
 @dataclass
 class _Replay:
-    """One recorded graph: replayed while its wrapper still holds it for the size."""
+    """One recorded graph: replayed while its wrapper still holds it for the size
+    (``RecordedStep.stale`` checks, inline as it runs every step)."""
 
     wrapper: StaticGraphWrapper
     size: int
     entry: SizeEntry
-
-    def current(self) -> bool:
-        entry = self.entry
-        return (
-            self.wrapper.entries.get(self.size) is entry
-            and entry.replay_only
-            and entry.graph is not None
-        )
 
 
 class RecordedStep:
@@ -94,8 +87,17 @@ class RecordedStep:
         self._entry = entry
         self._compiled = compiled
         self._replays = tuple(replays)
-        self._caches = tuple(caches)
+        #: What ``stale`` reads of each replay, every step: its wrapper's entries, the
+        #: size, the entry recorded.
+        self._graph_checks = tuple((r.wrapper.entries, r.size, r.entry) for r in self._replays)
+        self._batch_descriptor = graphs.batch_descriptor
+        self._caches = tuple((layer, cache, cache.data_ptr()) for layer, cache in caches)
         self._registrations = weight_registrations.count()
+        #: The calls with each attention call bound to a metadata object by its backend
+        #: (``LayerAttention.bind``), and that object: the runner hands the same one to
+        #: every step of a shape, its tensors rewritten in place.
+        self._bound: tuple[Callable[[], Any], ...] = ()
+        self._bound_for: Any = None
 
     def stale(self) -> str | None:
         """Why the recording no longer holds, or None while it does."""
@@ -103,36 +105,54 @@ class RecordedStep:
             return "a parameter, buffer or submodule was registered since the recording"
         if self._compiled.compiled is not self._entry:
             return "the compiled model has a new entry"
-        for replay in self._replays:
-            if not replay.current():
-                return (
-                    f"{replay.wrapper.name}'s graph of size {replay.size} was dropped or recaptured"
-                )
-        for layer, cache in self._caches:
-            if layer.kv_cache is not cache:
+        for index, (entries, size, entry) in enumerate(self._graph_checks):
+            if entries.get(size) is not entry or not entry.replay_only or entry.graph is None:
+                name = self._replays[index].wrapper.name
+                return f"{name}'s graph of size {size} was dropped or recaptured"
+        for layer, cache, address in self._caches:
+            # The attention calls bound to a cache hold views of its memory: a cache
+            # whose memory was swapped in place (``set_``) is another cache to them.
+            if layer.kv_cache is not cache or (self.attention and cache.data_ptr() != address):
                 return f"the KV cache of {layer.layer_name} was reallocated"
         return None
 
     def run(self, metadata: Any) -> torch.Tensor:
         """Make the recorded calls (attention reading ``metadata``); the hidden states.
-        The caller checks :meth:`stale` first."""
+        The caller checks :meth:`stale` first.
+
+        The first step with a metadata object runs each layer's attention as the split
+        graph would; later steps with the same object make its backend's bound calls.
+        """
+        # The guard torch.inference_mode enters, without its Python wrapper's ~2 µs.
         inference = (
             contextlib.nullcontext()
             if torch.is_inference_mode_enabled()
-            else torch.inference_mode()
+            else torch._C._InferenceMode(True)
         )
-        context = (
+        if not self.attention:
+            with inference:
+                for call in self.calls:
+                    call()
+            return self.output
+        with (
+            inference,
             set_forward_context(
                 metadata,
                 graph_mode=self.graphs.mode,
-                batch_descriptor=self.graphs.batch_descriptor,
-            )
-            if self.attention
-            else contextlib.nullcontext()
-        )
-        with inference, context:
-            for call in self.calls:
-                call()
+                batch_descriptor=self._batch_descriptor,
+            ),
+        ):
+            if metadata is self._bound_for:
+                for call in self._bound:
+                    call()
+            else:
+                for call in self.calls:
+                    call()
+                self._bound = tuple(
+                    call.bind(metadata) if isinstance(call, _AttentionCall) else call
+                    for call in self.calls
+                )
+                self._bound_for = metadata
         return self.output
 
 
@@ -198,7 +218,7 @@ def record_step(model: torch.nn.Module, graphs: StepGraphs, hidden: torch.Tensor
                     raise NotRecordable(
                         f"{node.name} reads something other than the pieces' static outputs"
                     )
-                calls.append(_bound_attention(node.target, args))
+                calls.append(_AttentionCall(node.target, args))
                 attention = True
             elif node.op == "output":
                 outputs = [
@@ -239,13 +259,19 @@ def _replay_of(wrapper: StaticGraphWrapper, size: int) -> _Replay:
     return _Replay(wrapper, size, entry)
 
 
-def _bound_attention(attention: Any, args: list[torch.Tensor]) -> Callable[[], None]:
-    """The layer's attention on the static tensors ``args`` (reading the step's metadata
+class _AttentionCall:
+    """A layer's attention on the static tensors ``args`` (reading the step's metadata
     from the forward context, as between pieces)."""
-    run = attention.run
-    q, k, v, out = args
 
-    def call() -> None:
-        run(q, k, v, out)
+    __slots__ = ("args", "attention")
 
-    return call
+    def __init__(self, attention: Any, args: list[torch.Tensor]) -> None:
+        self.attention = attention
+        self.args = tuple(args)
+
+    def __call__(self) -> None:
+        self.attention.run(*self.args)
+
+    def bind(self, metadata: Any) -> Callable[[], None]:
+        """The same call bound to ``metadata`` by the layer's backend."""
+        return self.attention.bind(*self.args, metadata)

@@ -26,6 +26,8 @@ are kept out of the kernel's specialisation, so neither path compiles again for 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import triton
@@ -220,7 +222,8 @@ class PagedAttentionLaunch:
     more host time than the launch itself.  A binding does both once, for the shapes,
     strides, dtypes and devices of the tensors it is made with; calling it launches on
     tensors of that same layout without checking again.  Every layer of a step shares
-    one layout, so a backend binds once per step (``AttentionMetadata.step_cache``).
+    one layout, so a backend binds once per step shape (``AttentionMetadata.layout_cache``,
+    kept across the steps a runner makes over the same buffers).
     Its launches go through a ``LaunchPlan`` of the module's ``KernelLauncher``, which
     keeps Triton's compiled kernel across steps.
     ``query_start_loc`` None binds the decode kernel (one query token per sequence).
@@ -306,8 +309,48 @@ class PagedAttentionLaunch:
         """Launch on tensors laid out as the ones this binding was made with."""
         if self.launch is None:
             return
-        # The decode kernel does not read query_start_loc; seq_lens stands in.
         self.launch(
+            *self._arguments(
+                q, k_cache, v_cache, block_table, seq_lens, out, scale, query_start_loc
+            )
+        )
+
+    def bind(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        out: torch.Tensor,
+        scale: float,
+        query_start_loc: torch.Tensor | None = None,
+    ) -> Callable[[], None]:
+        """A call that launches on these very tensors, whatever they hold when it is
+        called, with nothing checked or looked up (``LaunchPlan.bind``): for a caller
+        that launches on the same tensors step after step."""
+        if self.launch is None:
+            return _nothing
+        return self.launch.bind(
+            *self._arguments(
+                q, k_cache, v_cache, block_table, seq_lens, out, scale, query_start_loc
+            )
+        )
+
+    def _arguments(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        out: torch.Tensor,
+        scale: float,
+        query_start_loc: torch.Tensor | None,
+    ) -> tuple[Any, ...]:
+        """The kernel's arguments, in its order."""
+        # The decode kernel does not read query_start_loc; seq_lens stands in.
+        return (
             q,
             k_cache,
             v_cache,
@@ -319,6 +362,10 @@ class PagedAttentionLaunch:
             self.num_seqs,
             *self.strides,
         )
+
+
+def _nothing() -> None:
+    """The launch of a step part without sequences."""
 
 
 def paged_prefill_attention(

@@ -24,6 +24,7 @@ record saying why.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -157,16 +158,30 @@ class LaunchPlan:
         self.aligned = aligned
         self._runs: dict[Hashable, tuple[Callable[..., None], tuple[Any, ...]]] = {}
 
-    def __call__(self, *args: Any) -> None:
+    def bind(self, *args: Any) -> Callable[[], None]:
+        """A call that launches ``args`` as they are, with nothing looked up: the
+        compiled kernel of their alignment with them bound, where one is bound already
+        (after a launch of arguments aligned so), else this plan's own launch of them."""
+        bound = self._runs.get(self._alignment(args))
+        if bound is None:
+            return functools.partial(self, *args)
+        run, constexprs = bound
+        return functools.partial(run, *args, *constexprs)
+
+    def _alignment(self, args: tuple[Any, ...]) -> Hashable:
+        """True when the pointers at ``aligned`` are all 16-byte aligned (the usual
+        case), else which of them are."""
         addresses = 0
         for position in self.aligned:
             addresses |= args[position].data_ptr()
-        # All 16-byte aligned, the usual case, or which of them are.
-        alignment: Hashable = (
+        return (
             True
             if addresses % 16 == 0
             else tuple(args[position].data_ptr() % 16 == 0 for position in self.aligned)
         )
+
+    def __call__(self, *args: Any) -> None:
+        alignment = self._alignment(args)
         bound = self._runs.get(alignment)
         if bound is None:
             key = (self.key, alignment)
