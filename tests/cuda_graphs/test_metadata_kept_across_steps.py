@@ -24,6 +24,7 @@ from runner_cases import (  # noqa: F401 - the fixture is used by name
 
 from slotwise.attention import AttentionMetadataBuilder, allocate_kv_caches
 from slotwise.attention.metadata import next_step
+from slotwise.compilation.static_graphs.contract import StaticGraphError
 from slotwise_cpu.attention import CpuSdpaBackend
 from slotwise_cuda.attention import TritonPagedBackend, TritonPagedImpl
 
@@ -77,8 +78,9 @@ def test_steps_match_eager_as_the_shape_and_the_rows_change(twins_with, backend,
 
 
 @pytest.mark.slow
-# A FULL graph captured the old cache's addresses: reallocating it needs a recapture.
-@pytest.mark.parametrize("backend, graph_mode", [c for c in CASES if c[1] == "PIECEWISE"])
+# A FULL graph captured the old caches' addresses: captures being lazy here, it is
+# captured again over the new ones.
+@pytest.mark.parametrize("backend, graph_mode", CASES)
 def test_steps_after_the_kv_cache_is_reallocated_match_eager(twins_with, backend, graph_mode):
     twins = twins_with(backend, graph_mode)
     for name, prompt in (("a", [3, 1, 4]), ("b", [1, 5])):
@@ -99,6 +101,28 @@ def test_steps_after_the_kv_cache_is_reallocated_match_eager(twins_with, backend
         twins.step(["c", "d"])
     gc.collect()
     assert [ref() is None for ref in old] == [True] * len(old)
+
+
+@pytest.mark.slow
+def test_full_graphs_over_replaced_kv_caches_are_refused_until_captured_again(twins_with):
+    twins = twins_with("TRITON_PAGED", "FULL_AND_PIECEWISE")
+    twins.graph.capture(progress=False)  # the capture window closes after it
+    for name, prompt in (("a", [3, 1, 4]), ("b", [1, 5])):
+        twins.join(name, prompt)
+    for _ in range(3):
+        twins.step(["a", "b"])
+    for runner in twins.runners:
+        allocate_kv_caches(runner.model, 32)
+    for name, prompt in (("c", [8, 8, 1]), ("d", [2, 4])):
+        twins.join(name, prompt)
+    twins.step(["c", "d"])  # a prefill: piecewise graphs, which never read the caches
+    with pytest.raises(StaticGraphError) as refused:
+        twins.step(["c", "d"])  # a uniform decode: the full graph of size 2
+    assert "captured over KV caches that allocate_kv_caches has replaced" in str(refused.value)
+    assert "ModelRunner.capture()" in str(refused.value)
+    twins.graph.capture(progress=False)
+    for _ in range(3):
+        twins.step(["c", "d"])
 
 
 def attention_layers(model: torch.nn.Module) -> list:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx
 
+from slotwise.attention.cache_allocation import kv_cache_allocations
 from slotwise.compilation import weight_registrations
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.config import CompilationConfig, ConfigError, GraphMode
@@ -65,6 +66,9 @@ class SizeEntry:
     buffers: dict[int, torch.Tensor] = field(default_factory=dict)
     #: Every check this size owes is done and nothing is copied in: a step only replays.
     replay_only: bool = False
+    #: ``kv_cache_allocations()`` at capture, for a FULL graph, whose attention reads the
+    #: KV caches at their captured addresses; None for a piece, which does not.
+    caches_at: int | None = None
 
 
 class StaticGraphWrapper:
@@ -126,6 +130,7 @@ class StaticGraphWrapper:
             entry is not None
             and entry.replay_only
             and entry.addresses_checked_at == weight_registrations.count()
+            and (entry.caches_at is None or entry.caches_at == kv_cache_allocations())
         ):
             assert entry.graph is not None
             entry.graph.replay()
@@ -138,6 +143,8 @@ class StaticGraphWrapper:
             )
         if entry is None:
             entry = self.entries[size] = SizeEntry()
+        if entry.caches_at is not None and entry.caches_at != kv_cache_allocations():
+            entry = self.entries[size] = self._for_new_caches(size)
         if entry.graph is None:
             if entry.warmups_done < self.config.graph_warmups:
                 entry.warmups_done += 1
@@ -156,6 +163,25 @@ class StaticGraphWrapper:
             entry.replay_only = not (self.config.debug_checks or entry.buffers)
         self._replay(size, entry, inputs, check_outputs)
         return entry.outputs
+
+    def _for_new_caches(self, size: int) -> SizeEntry:
+        """A fresh entry for ``size``, whose graph was captured over KV caches that
+        ``allocate_kv_caches`` has replaced since: it is captured again where captures
+        may happen, else refused, never replayed on the old caches."""
+        message = (
+            f"{self.name}: the graph of size {size} was captured over KV caches that "
+            "allocate_kv_caches has replaced since (a second ModelRunner over the same "
+            "model?), and its replays would read the old ones"
+        )
+        try:
+            check_capture_allowed(self.name, size)
+        except StaticGraphError:
+            raise StaticGraphError(
+                f"{message}; capture again (ModelRunner.capture()) after allocating the "
+                "caches, or give each runner a model of its own"
+            ) from None
+        logger.info("%s; capturing it again", message)
+        return SizeEntry()
 
     def _replay(self, size: int, entry: SizeEntry, inputs: Sequence[Any], check: bool) -> None:
         """Replay ``size``'s graph; with ``check``, make sure it wrote the captured outputs
@@ -183,6 +209,8 @@ class StaticGraphWrapper:
         )
         entry.outputs = self.graph_api.weak_ref(outputs) if self.weak_outputs else outputs
         entry.graph = graph
+        if self.runtime_mode == GraphMode.FULL:
+            entry.caches_at = kv_cache_allocations()
         counters.bump("num_graphs_captured")
         logger.debug("%s: captured a static graph for size %d", self.name, size)
         return inputs
