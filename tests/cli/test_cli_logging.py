@@ -22,7 +22,11 @@ def restored_loggers():
     handlers = {name: list(logging.getLogger(name).handlers) for name in ROOTS}
     for name in ROOTS:
         logging.getLogger(name).handlers.clear()
+    # Whatever ran before in this process (a library's logging.disable, say) is undone.
+    disabled = logging.root.manager.disable
+    logging.disable(logging.NOTSET)
     yield
+    logging.disable(disabled)
     for name, (level, propagate) in saved.items():
         logger = logging.getLogger(name)
         logger.setLevel(level)
@@ -30,7 +34,8 @@ def restored_loggers():
         logger.handlers[:] = handlers[name]
 
 
-@pytest.mark.parametrize("module", ["slotwise.compilation.direct_entry", "slotwise_engine.runner"])
+# Loggers of their own, which no other test has configured.
+@pytest.mark.parametrize("module", ["slotwise.logging_probe", "slotwise_engine.logging_probe"])
 def test_every_part_logs_at_the_level_the_variable_sets(
     monkeypatch, capsys, restored_loggers, module
 ):

@@ -27,6 +27,8 @@ from slotwise.attention.metadata import next_step
 from slotwise.compilation.static_graphs.contract import StaticGraphError
 from slotwise_cpu.attention import CpuSdpaBackend
 from slotwise_cuda.attention import TritonPagedBackend, TritonPagedImpl
+from slotwise_engine.models.llama import build_llama
+from slotwise_engine.runner.model_runner import ModelRunner
 
 CASES = [
     ("TRITON_PAGED", "PIECEWISE"),
@@ -111,6 +113,9 @@ def test_full_graphs_over_replaced_kv_caches_are_refused_until_captured_again(tw
         twins.join(name, prompt)
     for _ in range(3):
         twins.step(["a", "b"])
+    # Another model's caches leave this model's full graphs as they are.
+    ModelRunner(build_llama("tiny", seed=1, compilation_config={"level": 0}), num_blocks=8)
+    twins.step(["a", "b"])
     for runner in twins.runners:
         allocate_kv_caches(runner.model, 32)
     for name, prompt in (("c", [8, 8, 1]), ("d", [2, 4])):

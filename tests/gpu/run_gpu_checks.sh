@@ -80,7 +80,7 @@ part() {  # part NAME CAP COMMAND...: run COMMAND for at most CAP seconds, or wh
 }
 # shellcheck disable=SC2086  # the *_ARGS variables hold several arguments
 part "tests marked cuda" "$tests_timeout" "$venv/bin/python" -m pytest -m cuda -q \
-    -p no:cacheprovider tests plugins/cuda/tests --junitxml="$out/gpu_tests.xml"
+    -p no:cacheprovider tests engine/tests plugins/cuda/tests --junitxml="$out/gpu_tests.xml"
 # shellcheck disable=SC2086
 part "gpu_decode, small" "$decode_timeout" "$venv/bin/python" benchmarks/gpu_decode.py \
     --out-dir "$out" --batch-sizes 1,8 ${GPU_DECODE_ARGS:-}

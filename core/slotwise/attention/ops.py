@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.autograd.profiler
 
+from slotwise.attention.kv_cache_reads import note_kv_cache_read
 from slotwise.attention.layer import Attention, get_attention_layer
 from slotwise.forward_context import get_forward_context
 
@@ -89,6 +90,7 @@ class LayerAttention:
         layer = self._layer()
         if layer is None or layer.kv_cache is None:
             layer, _ = self._layer_and_cache()
+        note_kv_cache_read(layer, layer.kv_cache)
         layer.impl.forward(layer, q, k, v, layer.kv_cache, metadata, out)
         if metadata.num_actual_tokens < out.shape[0]:
             # Padding rows (static-graph sizes) get zeros rather than stale memory.

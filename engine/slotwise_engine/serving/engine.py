@@ -255,32 +255,38 @@ class LLMEngine:
         """
         outputs, self._aborted = self._aborted, []
         try:
-            scheduled = self.scheduler.schedule()
-            if not scheduled.requests:
-                return outputs
-            logits = self.runner.step([r.runner_request for r in scheduled.requests])
-            rows = [row for row, sample in enumerate(scheduled.samples) if sample]
-            if not rows:
-                return outputs
-            sampled = [scheduled.requests[row] for row in rows]
-            if len(rows) < len(scheduled.requests):
-                logits = logits[rows]
-            tokens, maxima = to_host(*self._sample(logits, sampled))
-            if not all(map(math.isfinite, maxima)):
-                bad = [r for r, m in zip(sampled, maxima, strict=True) if not math.isfinite(m)]
-                raise non_finite_logits_error(
-                    self.runner.model,
-                    self.checkpoint,
-                    position=bad[0].num_output_tokens + 1,
-                    names=[r.request_id for r in bad],
-                )
+            with torch.inference_mode():  # a serving step never needs autograd
+                return outputs + self._step()
         except BaseException:
             self._abort_all()
             raise
+
+    def _step(self) -> list[RequestOutput]:
+        """One scheduled batch through the runner; the outputs of its sampled requests."""
+        scheduled = self.scheduler.schedule()
+        if not scheduled.requests:
+            return []
+        logits = self.runner.step([r.runner_request for r in scheduled.requests])
+        rows = [row for row, sample in enumerate(scheduled.samples) if sample]
+        if not rows:
+            return []
+        sampled = [scheduled.requests[row] for row in rows]
+        if len(rows) < len(scheduled.requests):
+            logits = logits[rows]
+        tokens, maxima = to_host(*self._sample(logits, sampled))
+        if not all(map(math.isfinite, maxima)):
+            bad = [r for r, m in zip(sampled, maxima, strict=True) if not math.isfinite(m)]
+            raise non_finite_logits_error(
+                self.runner.model,
+                self.checkpoint,
+                position=bad[0].num_output_tokens + 1,
+                names=[r.request_id for r in bad],
+            )
         now = time.monotonic()
-        for request, token in zip(sampled, tokens, strict=True):
-            outputs.append(self._append(request, token, now))
-        return outputs
+        return [
+            self._append(request, token, now)
+            for request, token in zip(sampled, tokens, strict=True)
+        ]
 
     def _sample(
         self, logits: torch.Tensor, requests: list[EngineRequest]

@@ -30,6 +30,7 @@ import torch
 import torch.fx
 
 from slotwise.attention.cache_allocation import kv_cache_allocations
+from slotwise.attention.kv_cache_reads import KVCacheReads, kv_cache_reads, kv_caches_replaced
 from slotwise.compilation import weight_registrations
 from slotwise.compilation.compile_counters import counters
 from slotwise.compilation.config import CompilationConfig, ConfigError, GraphMode
@@ -66,9 +67,12 @@ class SizeEntry:
     buffers: dict[int, torch.Tensor] = field(default_factory=dict)
     #: Every check this size owes is done and nothing is copied in: a step only replays.
     replay_only: bool = False
-    #: ``kv_cache_allocations()`` at capture, for a FULL graph, whose attention reads the
-    #: KV caches at their captured addresses; None for a piece, which does not.
+    #: ``kv_cache_allocations()`` when the KV caches a FULL graph's capture read were last
+    #: found in place (its attention reads them at their captured addresses); None for a
+    #: piece, which reads none.
     caches_at: int | None = None
+    #: The caches the capture read (``kv_cache_reads``).
+    cache_reads: KVCacheReads = field(default_factory=list)
 
 
 class StaticGraphWrapper:
@@ -144,7 +148,10 @@ class StaticGraphWrapper:
         if entry is None:
             entry = self.entries[size] = SizeEntry()
         if entry.caches_at is not None and entry.caches_at != kv_cache_allocations():
-            entry = self.entries[size] = self._for_new_caches(size)
+            if kv_caches_replaced(entry.cache_reads):
+                entry = self.entries[size] = self._for_new_caches(size)
+            else:  # another model's caches were allocated
+                entry.caches_at = kv_cache_allocations()
         if entry.graph is None:
             if entry.warmups_done < self.config.graph_warmups:
                 entry.warmups_done += 1
@@ -204,13 +211,14 @@ class StaticGraphWrapper:
         inputs = graph_inputs(args)
         entry.addresses = input_addresses(inputs)
         graph = self.graph_api.new_graph()
-        outputs = graph.capture(
-            lambda: self.runnable(*args), self.graph_api.pool(), quiet=self.quiet_capture
-        )
+        with kv_cache_reads() as reads:
+            outputs = graph.capture(
+                lambda: self.runnable(*args), self.graph_api.pool(), quiet=self.quiet_capture
+            )
         entry.outputs = self.graph_api.weak_ref(outputs) if self.weak_outputs else outputs
         entry.graph = graph
         if self.runtime_mode == GraphMode.FULL:
-            entry.caches_at = kv_cache_allocations()
+            entry.caches_at, entry.cache_reads = kv_cache_allocations(), reads
         counters.bump("num_graphs_captured")
         logger.debug("%s: captured a static graph for size %d", self.name, size)
         return inputs
