@@ -25,14 +25,13 @@ demo: setup
 	$(BIN)/slotwise env
 	$(BIN)/slotwise bench --preset small --batch-sizes 1,4,16
 
-# The suite runs on every core (pytest-xdist; a module's tests on one worker, so that its
-# module-scoped fixtures run once); TEST_WORKERS=0 runs it in this process.
+# The suite runs on every core (pytest-xdist); TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= auto
 
 test: setup docs
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
+	$(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 # The documentation site (mkdocs.yml): --strict fails on a broken link or anchor and on a
 # page left out of the nav. The site goes to site/, which git ignores.

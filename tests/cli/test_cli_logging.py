@@ -4,50 +4,40 @@ SLOTWISE_LOGGING_LEVEL: the engine is a package of its own, so its loggers
 
 from __future__ import annotations
 
-import importlib
-import logging
+import subprocess
+import sys
 
 import pytest
+from support import clean_env
 
-cli_main = importlib.import_module("slotwise.cli.main")  # the package exports main()
-
-ROOTS = ("slotwise", "slotwise_engine")
-
-
-@pytest.fixture
-def restored_loggers():
-    saved = {
-        name: (logging.getLogger(name).level, logging.getLogger(name).propagate) for name in ROOTS
-    }
-    handlers = {name: list(logging.getLogger(name).handlers) for name in ROOTS}
-    for name in ROOTS:
-        logging.getLogger(name).handlers.clear()
-    # Whatever ran before in this process (a library's logging.disable, say) is undone.
-    disabled = logging.root.manager.disable
-    logging.disable(logging.NOTSET)
-    yield
-    logging.disable(disabled)
-    for name, (level, propagate) in saved.items():
-        logger = logging.getLogger(name)
-        logger.setLevel(level)
-        logger.propagate = propagate
-        logger.handlers[:] = handlers[name]
+#: What a command's process does: set up logging as ``slotwise`` does, then log.
+LOG = """
+import logging, sys
+from slotwise.cli.main import configure_logging
+configure_logging()
+configure_logging()  # set up twice: still one handler
+logger = logging.getLogger(sys.argv[1])
+logger.debug("a detail")
+logger.info("progress")
+logger.warning("a problem")
+"""
 
 
-# Loggers of their own, which no other test has configured.
-@pytest.mark.parametrize("module", ["slotwise.logging_probe", "slotwise_engine.logging_probe"])
-def test_every_part_logs_at_the_level_the_variable_sets(
-    monkeypatch, capsys, restored_loggers, module
-):
-    monkeypatch.setenv("SLOTWISE_LOGGING_LEVEL", "debug")
-    cli_main.configure_logging()
-    logging.getLogger(module).debug("a detail from %s", module)
-    assert f"DEBUG slotwise: a detail from {module}" in capsys.readouterr().err
+def logged(module: str, level: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", LOG, module],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(SLOTWISE_LOGGING_LEVEL=level),
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stderr
 
-    monkeypatch.setenv("SLOTWISE_LOGGING_LEVEL", "warning")
-    cli_main.configure_logging()
-    logging.getLogger(module).info("progress")
-    logging.getLogger(module).warning("a problem")
-    err = capsys.readouterr().err
-    assert "progress" not in err
-    assert err.count("WARNING slotwise: a problem") == 1  # one handler, however often set up
+
+@pytest.mark.parametrize("module", ["slotwise.compilation.direct_entry", "slotwise_engine.runner"])
+def test_every_part_logs_at_the_level_the_variable_sets(module):
+    assert "DEBUG slotwise: a detail" in logged(module, "debug")
+    quiet = logged(module, "warning")
+    assert "progress" not in quiet
+    assert quiet.count("WARNING slotwise: a problem") == 1
