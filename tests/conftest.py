@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import getpass
-import os
-import tempfile
 from pathlib import Path
 
 import pytest
-from support import Distributions, skip_cuda_tests_without_a_gpu
+from support import (
+    Distributions,
+    keep_inductors_default_cache_folder,
+    skip_cuda_tests_without_a_gpu,
+)
 
 
 @pytest.fixture
@@ -19,11 +20,7 @@ def dists(tmp_path: Path) -> Distributions:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """One Inductor cache folder for the whole run, Inductor's own default: otherwise the
-    first test compiling with Inductor would move it into its temporary slotwise cache for
-    every later test. The tests of that placement unset the variable in their processes."""
-    default = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default)
+    keep_inductors_default_cache_folder()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -216,3 +216,14 @@ def skip_cuda_tests_without_a_gpu(items: list) -> None:
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
     for item in marked:
         item.add_marker(skip)
+
+
+def keep_inductors_default_cache_folder() -> None:
+    """One Inductor cache folder for the whole run, Inductor's own default: otherwise the
+    first test compiling with Inductor would move it into its temporary slotwise cache for
+    every later test (a conftest's ``pytest_configure``). The tests of that placement
+    unset the variable in their processes."""
+    import getpass
+
+    default = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default)

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import getpass
-import os
-import tempfile
-
 import pytest
-from support import skip_cuda_tests_without_a_gpu
+from support import keep_inductors_default_cache_folder, skip_cuda_tests_without_a_gpu
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Inductor keeps its default cache folder for the whole run, as in the core's tests,
-    instead of the slotwise cache of whichever test first compiles with it."""
-    default = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default)
+    keep_inductors_default_cache_folder()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
