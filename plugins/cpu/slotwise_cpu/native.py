@@ -13,7 +13,7 @@ their flags, this CPU's features and torch's version, and follows the core's rul
 compiled code: a folder or file another user could have written is never loaded, and
 each library has a record of its size and SHA-256 beside it, checked before it is loaded
 (a truncated library would crash the process when mapped). Where the cache may not be
-used (not trusted, the compile cache off, or its disk full or read-only) the library is
+used (not trusted, or its disk full or read-only) the library is
 built in a private temporary folder, removed once it is loaded. The cache folder is
 checked from ``/`` down and used by its real path, and a library is hashed and loaded
 through one open descriptor: what is loaded is what was checked.
@@ -96,14 +96,13 @@ def compiler(variable: str, default: str) -> str:
     return path
 
 
-def cache_dir() -> Path | None:
-    """The kernels' folder in the core's compile cache root; None when that cache is off."""
-    config = CompilationConfig()
-    try:
-        enabled = config.cache_enabled
-    except SlotwiseError as exc:  # SLOTWISE_DISABLE_COMPILE_CACHE is not a boolean
-        raise KernelBuildError(str(exc)) from exc
-    return Path(config.resolved_cache_dir) / CACHE_FOLDER if enabled else None
+def cache_dir() -> Path:
+    """The kernels' folder in the core's compile cache root.
+
+    Used even with the compile cache off: that switch is about compiled graphs, as
+    Triton's kernel cache is not Inductor's; a library is rebuilt only when what it is
+    built from changes."""
+    return Path(CompilationConfig().resolved_cache_dir) / CACHE_FOLDER
 
 
 @functools.cache
@@ -122,26 +121,21 @@ def _load() -> ctypes.CDLL:
     cc, cxx = compiler("CC", "cc"), compiler("CXX", "c++")
     key = _build_key(cc, cxx)
     folder = cache_dir()
-    if folder is None:
-        logger.info("slotwise_cpu: the compile cache is off; the kernels are built for this "
-                    "process only")  # fmt: skip
-    else:
-        reason = _untrusted_cache(folder)
-        if reason is None:
-            # Trusted from / down, so nobody else can re-point what its real path goes through.
-            library = Path(os.path.realpath(folder)) / f"ops-{key[:24]}.so"
-            try:
-                return _load_cached(cc, cxx, library)
-            except (OSError, OutOfSpaceError) as exc:  # a full disk, a read-only cache
-                reason = (
-                    f"{library.parent} cannot be written ({exc}); free space there or make "
-                    "it writable"
-                )
-        logger.warning(
-            "slotwise_cpu: kernel cache not used: %s; building the kernels in a private "
-            "temporary folder, removed once they are loaded",
-            reason,
-        )
+    reason = _untrusted_cache(folder)
+    if reason is None:
+        # Trusted from / down, so nobody else can re-point what its real path goes through.
+        library = Path(os.path.realpath(folder)) / f"ops-{key[:24]}.so"
+        try:
+            return _load_cached(cc, cxx, library)
+        except (OSError, OutOfSpaceError) as exc:  # a full disk, a read-only cache
+            reason = (
+                f"{library.parent} cannot be written ({exc}); free space there or make it writable"
+            )
+    logger.warning(
+        "slotwise_cpu: kernel cache not used: %s; building the kernels in a private "
+        "temporary folder, removed once they are loaded",
+        reason,
+    )
     try:
         with tempfile.TemporaryDirectory(prefix="slotwise-cpu-") as scratch:
             library = Path(scratch) / "ops.so"

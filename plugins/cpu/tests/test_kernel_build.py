@@ -114,6 +114,10 @@ def test_the_kernels_are_built_once_loaded_from_the_cache_and_rebuilt_if_tampere
     assert record(library) == {"size": len(content), "sha256": hashlib.sha256(content).hexdigest()}
     second = run(cache)
     assert second.stdout.split() == WITH_KERNELS and "building" not in second.stderr
+    # The compile cache off is about compiled graphs: the kernels still come from the cache.
+    uncached_graphs = run(cache, SLOTWISE_DISABLE_COMPILE_CACHE="1")
+    assert uncached_graphs.stdout.split() == WITH_KERNELS, uncached_graphs.stderr
+    assert "building" not in uncached_graphs.stderr
     # Truncated, still yours and private: mapping it would crash the process (SIGBUS).
     library.write_bytes(content[: len(content) // 2])
     third = run(cache)
