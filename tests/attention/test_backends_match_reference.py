@@ -1,5 +1,10 @@
 """Every bundled backend against the one oracle, through the Attention layer and the op.
 
+Every bundled plugin by design: one harness holds all the backends users install to
+the same cases and the same tolerance, so they agree with each other as well as with
+the oracle.  The backends are reached as discovery reaches them, by platform and name
+through the plugins' entry points, never through their modules.
+
 Each case fills a cache whose block tables are shuffled, writes the cached context
 by hand, runs one step (with two padding rows past the real tokens) and checks the
 output against the conformance kit's ``causal_attention`` and the cache against the
@@ -19,7 +24,13 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from slotwise.attention import Attention, AttentionBackend, GraphSupport, StaticAttentionMetadata
+from slotwise.attention import (
+    Attention,
+    AttentionBackend,
+    GraphSupport,
+    StaticAttentionMetadata,
+    select_attention_backend,
+)
 from slotwise.forward_context import set_forward_context
 from slotwise.testing.conformance.reference_attention import causal_attention
 from slotwise.testing.triton_interpreter import (
@@ -28,9 +39,11 @@ from slotwise.testing.triton_interpreter import (
     import_interpreted,
     interpreting,
 )
-from slotwise_ascend_stub.attention import AscendStubReferenceBackend
-from slotwise_cpu.attention import CpuSdpaBackend
-from slotwise_cuda.attention import TritonPagedBackend
+
+#: The bundled backends, each as its platform's registry gives it.
+CPU_SDPA = select_attention_backend("cpu", "CPU_SDPA")
+TRITON_PAGED = select_attention_backend("cuda", "TRITON_PAGED")
+ASCEND_STUB_REFERENCE = select_attention_backend("ascend_stub", "ASCEND_STUB_REFERENCE")
 
 #: (query_len, context_len) per request, decodes first.
 SCENARIOS = {
@@ -47,7 +60,7 @@ PADDING = 2
 
 #: Backends whose blocks are head-major, [2, blocks, kv heads, block size, D]; the others
 #: keep the core's default shape, [2, blocks, block size, kv heads, D].
-HEAD_MAJOR = (CpuSdpaBackend,)
+HEAD_MAJOR = (CPU_SDPA,)
 
 FULL_MATRIX = list(itertools.product(SCENARIOS, HEAD_SIZES, GQA_RATIOS, BLOCK_SIZES))
 KERNELS_MODULE = "slotwise_cuda.kernels.attention"
@@ -197,14 +210,14 @@ def run_case(
 
 @pytest.mark.parametrize("scenario, head_size, ratio, block_size", FULL_MATRIX)
 @pytest.mark.parametrize(
-    "backend", [CpuSdpaBackend, AscendStubReferenceBackend], ids=lambda backend: backend.get_name()
+    "backend", [CPU_SDPA, ASCEND_STUB_REFERENCE], ids=lambda backend: backend.get_name()
 )
 def test_cpu_backends_match_the_reference(backend, scenario, head_size, ratio, block_size):
     run_case(backend, scenario, head_size, ratio, block_size)
 
 
 @pytest.mark.parametrize(
-    "backend", [CpuSdpaBackend, AscendStubReferenceBackend], ids=lambda backend: backend.get_name()
+    "backend", [CPU_SDPA, ASCEND_STUB_REFERENCE], ids=lambda backend: backend.get_name()
 )
 def test_cpu_backends_in_bfloat16(backend):
     run_case(backend, "mixed", 64, 2, 16, dtype=torch.bfloat16, atol=3e-2)
@@ -235,7 +248,7 @@ def triton_device() -> Iterator[str]:
 def test_triton_backend_matches_the_reference(
     triton_device, scenario, head_size, ratio, block_size
 ):
-    run_case(TritonPagedBackend, scenario, head_size, ratio, block_size, device=triton_device)
+    run_case(TRITON_PAGED, scenario, head_size, ratio, block_size, device=triton_device)
 
 
 def full_graph_cases(backends: list[type[AttentionBackend]]) -> list[tuple]:
@@ -250,21 +263,19 @@ def full_graph_cases(backends: list[type[AttentionBackend]]) -> list[tuple]:
 
 
 @pytest.mark.parametrize(
-    "backend, scenario, layout", full_graph_cases([CpuSdpaBackend, AscendStubReferenceBackend])
+    "backend, scenario, layout", full_graph_cases([CPU_SDPA, ASCEND_STUB_REFERENCE])
 )
 def test_cpu_backends_on_full_graph_layouts(backend, scenario, layout):
     run_case(backend, scenario, 64, 2, 8, static_layout=layout)
 
 
-@pytest.mark.parametrize(
-    "scenario, layout", [c[1:] for c in full_graph_cases([TritonPagedBackend])]
-)
+@pytest.mark.parametrize("scenario, layout", [c[1:] for c in full_graph_cases([TRITON_PAGED])])
 @pytest.mark.parametrize("head_size, ratio, block_size", [(64, 2, 16), (80, 4, 8)])
 def test_triton_backend_on_full_graph_layouts(
     triton_device, scenario, layout, head_size, ratio, block_size
 ):
     run_case(
-        TritonPagedBackend,
+        TRITON_PAGED,
         scenario,
         head_size,
         ratio,
@@ -276,12 +287,12 @@ def test_triton_backend_on_full_graph_layouts(
 
 def test_bundled_graph_backends_may_be_captured_in_full_graphs():
     # The layouts above are only run for what a backend declares.
-    assert TritonPagedBackend.graph_support is GraphSupport.ALWAYS
-    assert AscendStubReferenceBackend.graph_support is GraphSupport.UNIFORM_DECODE
+    assert TRITON_PAGED.graph_support is GraphSupport.ALWAYS
+    assert ASCEND_STUB_REFERENCE.graph_support is GraphSupport.UNIFORM_DECODE
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_triton_backend_in_half_precision_on_the_gpu(triton_device, dtype):
-    run_case(TritonPagedBackend, "mixed", 128, 4, 16, dtype=dtype, device=triton_device, atol=2e-2)
+    run_case(TRITON_PAGED, "mixed", 128, 4, 16, dtype=dtype, device=triton_device, atol=2e-2)

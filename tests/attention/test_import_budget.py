@@ -1,4 +1,9 @@
-"""Attention costs nothing until used: plugins register backends without importing torch."""
+"""Attention costs nothing until used: plugins register backends without importing torch.
+
+Every bundled plugin by design: the hooks of all the plugins users install run as
+discovery runs them, through their entry points, and are seen only by the class paths
+they register.
+"""
 
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 
 A split graph calls each layer's ``LayerAttention`` instead of going through torch's
 dispatcher to ``torch.ops.slotwise.unified_attention_with_output``; these tests check
-that the split graph really does, that it computes what eager does (CPU_SDPA and the
-ascend stub's reference backend), that both ways behave alike on the edge cases
-(no metadata, padding rows, a missing cache or metadata entry), that the profiler
+that the split graph really does, that it computes what eager does (on reference
+backends of both cache layouts), that both ways behave alike on the edge cases (no
+metadata, padding rows, a missing cache or metadata entry), that the profiler
 still shows the op, and that layers are bound by name, so a model freed and rebuilt
 under the same names runs on its own layers and the freed one is not kept alive.
 """
@@ -17,7 +17,15 @@ import weakref
 
 import pytest
 import torch
-from attention_models import HEAD_SIZE, HEADS, HIDDEN, KV_HEADS, TwoLayers
+from attention_models import (
+    HEAD_SIZE,
+    HEADS,
+    HIDDEN,
+    KV_HEADS,
+    HeadMajorReferenceBackend,
+    ReferenceBackend,
+    TwoLayers,
+)
 
 import slotwise
 from slotwise.attention import (
@@ -31,11 +39,9 @@ from slotwise.compilation import CompilationConfig
 from slotwise.compilation.splitting import dynamo_backends
 from slotwise.compilation.splitting.fx_split import op_names, split_graph
 from slotwise.forward_context import set_forward_context
-from slotwise_ascend_stub.attention import AscendStubReferenceBackend
-from slotwise_cpu.attention import CpuSdpaBackend
 
 BLOCK_SIZE = 8
-BACKENDS = [CpuSdpaBackend, AscendStubReferenceBackend]
+BACKENDS = [HeadMajorReferenceBackend, ReferenceBackend]
 SPLIT = CompilationConfig(level=3, backend="eager", splitting_ops=[UNIFIED_ATTENTION_OP])
 
 
@@ -113,7 +119,7 @@ def test_the_split_graph_calls_each_layer_directly_and_matches_eager(backend, sp
 
 
 def test_without_metadata_the_split_graph_zero_fills_like_eager():
-    compiled, eager = twins(CpuSdpaBackend)
+    compiled, eager = twins(HeadMajorReferenceBackend)
     x = torch.randn(3, HIDDEN)
     with set_forward_context(None):
         torch.testing.assert_close(compiled(x), eager(x))
@@ -122,7 +128,7 @@ def test_without_metadata_the_split_graph_zero_fills_like_eager():
 
 @pytest.mark.parametrize("way", ["op", "direct"])
 def test_both_ways_zero_the_padding_rows_and_fill_without_metadata(way):
-    model = two_layers(CpuSdpaBackend)
+    model = two_layers(HeadMajorReferenceBackend)
     allocate_kv_caches(model, num_blocks=16)
     layer = model.attn[0]
     q = torch.randn(5, HEADS, HEAD_SIZE)
@@ -144,7 +150,7 @@ def test_both_ways_zero_the_padding_rows_and_fill_without_metadata(way):
 
 @pytest.mark.parametrize("way", ["op", "direct", "split graph"])
 def test_a_missing_cache_or_metadata_entry_raises_the_same_error_every_way(way):
-    model = two_layers(CpuSdpaBackend)
+    model = two_layers(HeadMajorReferenceBackend)
     names = [attn.layer_name for attn in model.attn]
     q = torch.randn(2, HEADS * HEAD_SIZE)
     k = torch.randn(2, KV_HEADS * HEAD_SIZE)
@@ -175,7 +181,7 @@ def test_a_missing_cache_or_metadata_entry_raises_the_same_error_every_way(way):
 
 
 def test_the_profiler_shows_each_direct_call_under_the_op_name():
-    compiled, _ = twins(CpuSdpaBackend)
+    compiled, _ = twins(HeadMajorReferenceBackend)
     x = torch.randn(3, HIDDEN)
     with set_forward_context(metadata([3], [0])):
         compiled(x)  # compiled outside the profile
@@ -187,7 +193,7 @@ def test_the_profiler_shows_each_direct_call_under_the_op_name():
 
 def test_a_model_rebuilt_under_freed_names_runs_on_its_own_layers():
     prefix = unused_layer_prefix("lean_call_rebuilt")
-    first = slotwise.compile(two_layers(CpuSdpaBackend, prefix), SPLIT)
+    first = slotwise.compile(two_layers(HeadMajorReferenceBackend, prefix), SPLIT)
     allocate_kv_caches(first, num_blocks=16)
     x = torch.randn(4, HIDDEN)
     with set_forward_context(metadata([4], [0])):
@@ -198,8 +204,8 @@ def test_a_model_rebuilt_under_freed_names_runs_on_its_own_layers():
     assert freed() is None  # the split graph's calls do not keep its layers alive
 
     torch.manual_seed(3)
-    second = two_layers(CpuSdpaBackend, prefix)
-    eager = two_layers(CpuSdpaBackend)
+    second = two_layers(HeadMajorReferenceBackend, prefix)
+    eager = two_layers(HeadMajorReferenceBackend)
     eager.load_state_dict(second.state_dict())
     for model in (second, eager):
         allocate_kv_caches(model, num_blocks=16)

@@ -6,7 +6,7 @@ import gc
 
 import pytest
 import torch
-from attention_models import HEAD_SIZE, HEADS, KV_HEADS, TwoLayers
+from attention_models import HEAD_SIZE, HEADS, KV_HEADS, HeadMajorReferenceBackend, TwoLayers
 
 from slotwise.attention import (
     UNIFIED_ATTENTION_OP,
@@ -18,13 +18,14 @@ from slotwise.attention import (
 from slotwise.compilation.config import DEFAULT_SPLITTING_OPS
 from slotwise.forward_context import set_forward_context
 from slotwise.testing.conformance.reference_attention import causal_attention
-from slotwise_cpu.attention import CpuSdpaBackend
 
 BLOCK_SIZE = 8
 
 
 def two_layers() -> TwoLayers:
-    return TwoLayers(CpuSdpaBackend, block_size=BLOCK_SIZE)
+    """Over head-major blocks, unlike the core's default layout, so the cache's shape
+    shows whose it is."""
+    return TwoLayers(HeadMajorReferenceBackend, block_size=BLOCK_SIZE)
 
 
 def metadata_for(query_lens: list[int]):
@@ -113,7 +114,7 @@ def test_layer_without_a_cache_names_the_fix():
 
 def test_layer_names_are_unique_while_the_layer_lives():
     def make() -> Attention:
-        return Attention(2, 8, 1.0, prefix="op_test_unique", backend=CpuSdpaBackend)
+        return Attention(2, 8, 1.0, prefix="op_test_unique", backend=HeadMajorReferenceBackend)
 
     layer = make()
     assert get_attention_layer("op_test_unique") is layer
@@ -156,7 +157,7 @@ def test_allocate_kv_caches_uses_the_backend_shape_and_binds_each_layer():
     assert set(caches) == {attn.layer_name for attn in model.attn}
     for attn in model.attn:
         assert attn.kv_cache is caches[attn.layer_name]
-        assert attn.attn_backend is CpuSdpaBackend  # whose blocks are head-major
+        assert attn.attn_backend is HeadMajorReferenceBackend
         assert attn.kv_cache.shape == (2, 5, KV_HEADS, BLOCK_SIZE, HEAD_SIZE)
         assert attn.kv_cache.dtype == torch.bfloat16
     with pytest.raises(ValueError, match="no slotwise Attention"):

@@ -140,37 +140,39 @@ def test_an_explicit_graph_mode_wins_over_the_default(explicit):
     assert prepare_config(config, SelectsBackend(ALWAYS)).graph_mode == explicit
 
 
-def test_ascend_stub_defaults_to_full_and_piecewise_for_its_reference_backend():
-    from slotwise_ascend_stub.platform import AscendStubPlatform
-
-    platform = AscendStubPlatform()
-    choice = default_graph_mode(platform)
-    assert choice.mode == BOTH
-    assert "attention backend ASCEND_STUB_REFERENCE (UNIFORM_DECODE) may be captured" in (
-        choice.reason
-    )
-    assert prepare_config(CompilationConfig(level=3), platform).graph_mode == BOTH
-
-
 def test_a_model_is_judged_by_the_backends_of_all_its_attention_layers():
     import torch
 
-    from slotwise.attention import Attention
-    from slotwise_ascend_stub.attention import AscendStubReferenceBackend
-    from slotwise_cpu.attention import CpuSdpaBackend
+    from slotwise.attention import Attention, AttentionBackend, AttentionImpl
 
-    def layer(name: str, attention_backend: type) -> Attention:
-        return Attention(2, 16, 0.25, prefix=f"test_graph_modes.{name}", backend=attention_backend)
+    def attention_backend(support: GraphSupport) -> type[AttentionBackend]:
+        class Backend(AttentionBackend):
+            graph_support = support
 
+            @classmethod
+            def get_name(cls) -> str:
+                return f"{support.name}_BACKEND"
+
+            @classmethod
+            def get_impl_cls(cls) -> type[AttentionImpl]:
+                return AttentionImpl
+
+        return Backend
+
+    def layer(name: str, backend_cls: type[AttentionBackend]) -> Attention:
+        return Attention(2, 16, 0.25, prefix=f"test_graph_modes.{name}", backend=backend_cls)
+
+    uniform, piecewise = attention_backend(UNIFORM), attention_backend(PIECEWISE_ONLY)
     model = torch.nn.Sequential(
-        layer("a", AscendStubReferenceBackend),
-        layer("b", CpuSdpaBackend),
-        layer("c", AscendStubReferenceBackend),
+        layer("a", uniform),
+        layer("b", piecewise),
+        layer("c", uniform),
     )
     backends = attention_backends_of(model)
-    assert backends == [AscendStubReferenceBackend, CpuSdpaBackend]
+    assert backends == [uniform, piecewise]
     choice = default_graph_mode(Graphs(), backends)
-    assert choice.mode == PIECEWISE and "CPU_SDPA has graph_support PIECEWISE_ONLY" in choice.reason
+    assert choice.mode == PIECEWISE
+    assert "PIECEWISE_ONLY_BACKEND has graph_support PIECEWISE_ONLY" in choice.reason
     assert attention_backends_of(torch.nn.Linear(2, 2)) == []
 
 

@@ -14,13 +14,13 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from custom_op_platforms import CpuOpsPlatform
 
 import slotwise.custom_op as custom_op_module
 from slotwise.compilation import CompilationConfig, set_compilation_config
 from slotwise.custom_op import CORE_OP_NAMES, CustomOp, CustomOpError, CustomOpRegistry
 from slotwise.layers import RMSNorm, RotaryEmbedding, SiluAndMul
 from slotwise.platforms import Platform, use_platform
-from slotwise_cpu.platform import CpuPlatform
 
 FORWARDS = ("forward_native", "forward_cpu", "forward_cuda", "forward_oot")
 
@@ -41,7 +41,7 @@ def _no_config_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def cpu_platform() -> Iterator[Platform]:
-    with use_platform(CpuPlatform()) as platform:
+    with use_platform(CpuOpsPlatform()) as platform:
         yield platform
 
 
@@ -95,7 +95,7 @@ def run_silu_and_mul(layer: SiluAndMul) -> torch.Tensor:
     return layer(torch.randn(3, 16))
 
 
-# -- the real CPU platform ---------------------------------------------------------
+# -- a CPU platform ------------------------------------------------------------------------
 
 
 def test_cpu_platform_runs_forward_cpu_where_a_class_has_one_and_native_elsewhere(

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from custom_op_platforms import CpuOpsPlatform
 from torch import nn
 
 import slotwise.custom_op as custom_op_module
@@ -19,7 +20,6 @@ from slotwise.compilation import CompilationConfig, set_compilation_config
 from slotwise.custom_op import CustomOpRegistry
 from slotwise.layers import RMSNorm, RotaryEmbedding, SiluAndMul
 from slotwise.platforms import use_platform
-from slotwise_cpu.platform import CpuPlatform
 
 HIDDEN, HEAD_SIZE, NUM_TOKENS = 64, 16, 5
 
@@ -67,7 +67,7 @@ def build(custom_ops: list[str], monkeypatch: pytest.MonkeyPatch, replace: bool)
         registry.register("cpu", "rms_norm", replacement_rms_norm)
     monkeypatch.setattr(custom_op_module, "get_custom_op_registry", lambda: registry)
     config = CompilationConfig(backend="eager", custom_ops=custom_ops)
-    with use_platform(CpuPlatform()), set_compilation_config(config):
+    with use_platform(CpuOpsPlatform()), set_compilation_config(config):
         torch.manual_seed(0)
         return Block().eval()
 

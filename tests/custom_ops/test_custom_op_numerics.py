@@ -1,9 +1,9 @@
 """Every CPU implementation of the core ops agrees with ``forward_native`` and with an
 independent reference written here, so switching platform or setting never changes a
-model's numbers beyond rounding.  For RMSNorm that includes the ascend stub plugin's
-replacement.
+model's numbers beyond rounding.
 
-The Triton implementations are checked in plugins/cuda/tests/test_custom_op_triton.py.
+The Triton implementations are checked in plugins/cuda/tests/test_custom_op_triton.py,
+the ascend stub's RMSNorm replacement in plugins/ascend_stub/tests/test_ascend_stub_rms_norm.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import torch
 
 from slotwise.layers import RMSNorm, RotaryEmbedding, SiluAndMul
 from slotwise.layers.layernorm import norm_with_residual
-from slotwise_ascend_stub import custom_ops as ascend_stub_ops
 
 #: (atol, rtol) per dtype: fp32 differs only in summation order, bf16 by about one ulp.
 TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 1.6e-2)}
@@ -41,11 +40,8 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return (x64 / rms * weight.double()).to(x.dtype)
 
 
-#: RMSNorm's CPU methods and a plugin's replacement, each called as ``f(layer, x, ...)``.
-RMS_NORMS = {
-    **{name: getattr(RMSNorm, name) for name in cpu_implementations(RMSNorm)},
-    "ascend_stub_replacement": ascend_stub_ops.rms_norm,
-}
+#: RMSNorm's CPU methods, each called as ``f(layer, x, ...)``.
+RMS_NORMS = {name: getattr(RMSNorm, name) for name in cpu_implementations(RMSNorm)}
 
 
 def make_rms_norm(hidden: int, dtype: torch.dtype, seed: int) -> RMSNorm:

@@ -1,9 +1,12 @@
 """Each platform names its communicator; ascend_stub's runs on its own vendor backend.
 
-``get_communicator_cls`` is checked on the platform objects directly (no device
-needed, nor a GPU for cuda); then two ascend_stub processes show which communicator
-and torch.distributed backend their groups really use.  (The CPU platform's are
-checked by the collectives test, which runs on it.)
+Every bundled plugin by design: the distributed layer is checked against the platforms
+users install, reached only as discovery reaches them (their entry points,
+``SLOTWISE_PLATFORM``), never through their modules; each plugin's own tests check its
+communicator's code.  ``get_communicator_cls`` is asked of the platform objects (no
+device needed, nor a GPU for cuda); then two ascend_stub processes show which
+communicator and torch.distributed backend their groups really use.  (The CPU
+platform's are checked by the collectives test, which runs on it.)
 """
 
 from __future__ import annotations
@@ -14,35 +17,38 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from dist_worker import WORLD, make_input
 from support import free_port, run_together, torchrun_env
 
 from slotwise.distributed import Communicator
 from slotwise.distributed.communicator import communicator_class
-from slotwise_ascend_stub.communicator import AscendStubCommunicator
-from slotwise_ascend_stub.platform import AscendStubPlatform
-from slotwise_cpu.communicator import CpuCommunicator
-from slotwise_cpu.platform import CpuPlatform
-from slotwise_cuda.platform import CudaPlatform
+from slotwise.platforms import Platform
+from slotwise.platforms.resolution import get_resolver, instantiate
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 
 
+def bundled(name: str) -> Platform:
+    """The bundled plugin's platform ``name``, through its entry point."""
+    return instantiate(get_resolver().entries[name])
+
+
+def class_path(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
 def test_each_platform_names_its_communicator_and_backend():
-    assert CpuPlatform().get_communicator_cls() is CpuCommunicator
-    assert CpuPlatform.dist_backend == CpuCommunicator.dist_backend == "gloo"
-    assert communicator_class(CudaPlatform()) is Communicator
-    assert CudaPlatform.dist_backend == "nccl"
-    assert AscendStubPlatform().get_communicator_cls() is AscendStubCommunicator
-    assert AscendStubPlatform.dist_backend == AscendStubCommunicator.dist_backend == "hccl_stub"
-
-
-def test_asking_ascend_stub_for_its_communicator_registers_its_backend_once():
-    AscendStubPlatform().get_communicator_cls()
-    AscendStubPlatform().get_communicator_cls()
-    assert dist.Backend.backend_list.count("hccl_stub") == 1
-    assert dist.Backend.HCCL_STUB == "hccl_stub"
+    cpu, cuda, ascend_stub = bundled("cpu"), bundled("cuda"), bundled("ascend_stub")
+    cpu_communicator = cpu.get_communicator_cls()
+    assert class_path(cpu_communicator) == "slotwise_cpu.communicator:CpuCommunicator"
+    assert cpu.dist_backend == cpu_communicator.dist_backend == "gloo"
+    assert communicator_class(cuda) is Communicator
+    assert cuda.dist_backend == "nccl"
+    stub_communicator = ascend_stub.get_communicator_cls()
+    assert class_path(stub_communicator) == (
+        "slotwise_ascend_stub.communicator:AscendStubCommunicator"
+    )
+    assert ascend_stub.dist_backend == stub_communicator.dist_backend == "hccl_stub"
 
 
 def run_platform(tmp_path: Path, **env: str) -> list[dict[str, Any]]:

@@ -1,39 +1,58 @@
-"""Per-step plans: what every layer of a step shares is worked out once, by its first layer.
+"""CPU_SDPA's facts and its per-step plans.
 
-``CPU_SDPA`` and the ascend stub's reference backend keep the step's host-side reading of
-the metadata (slots, request rows and lengths, masks) in ``AttentionMetadata.step_cache``.
-These tests run several layers, each with its own keys, values and cache, over the same
-metadata object step after step, and check every layer against the dense reference: a
-plan that held anything of the first layer would give the others its results.
+Its cache blocks are head-major, for the C kernel.  What every layer of a step shares
+(slots, request rows and lengths, masks) is worked out once, by the step's first layer,
+and kept in ``AttentionMetadata.step_cache``: several layers, each with its own keys,
+values and cache, run over the same metadata object step after step and each must match
+the dense reference, which a plan holding anything of the first layer would not.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from attention_models import HEAD_SIZE, HEADS, KV_HEADS, attention_layers
 
-from slotwise.attention import AttentionMetadataBuilder, allocate_kv_caches
+from slotwise.attention import Attention, AttentionMetadataBuilder, allocate_kv_caches
+from slotwise.attention.layer import unused_layer_prefix
 from slotwise.forward_context import set_forward_context
 from slotwise.testing.conformance.reference_attention import causal_attention
-from slotwise_ascend_stub.attention import AscendStubReferenceBackend
 from slotwise_cpu.attention import CpuSdpaBackend
 
+HEADS, KV_HEADS, HEAD_SIZE = 4, 2, 16
 BLOCK_SIZE, LAYERS = 4, 3
 
 #: Query lengths per step of three requests (decodes first), each growing step to step.
 STEPS = [[6, 3, 5], [1, 1, 1], [1, 5, 2], [1, 1, 1]]
 
 
-def layers(backend: type) -> torch.nn.ModuleList:
-    model = attention_layers(backend, LAYERS, block_size=BLOCK_SIZE)
+def layers() -> torch.nn.ModuleList:
+    prefix = unused_layer_prefix("cpu_sdpa_test")
+    model = torch.nn.ModuleList(
+        Attention(
+            HEADS,
+            HEAD_SIZE,
+            HEAD_SIZE**-0.5,
+            KV_HEADS,
+            prefix=f"{prefix}.{i}",
+            block_size=BLOCK_SIZE,
+            backend=CpuSdpaBackend,
+        )
+        for i in range(LAYERS)
+    )
     allocate_kv_caches(model, num_blocks=32)
     return model
 
 
-@pytest.mark.parametrize("backend", [CpuSdpaBackend, AscendStubReferenceBackend])
-def test_layers_sharing_a_step_plan_each_match_the_reference(backend):
-    model = layers(backend)
+def test_cpu_sdpa_declares_head_major_blocks_and_its_dtypes():
+    assert CpuSdpaBackend.get_kv_cache_shape(10, 16, 2, 64) == (2, 10, 2, 16, 64)
+    assert CpuSdpaBackend.validate(head_size=128, dtype=torch.float16, block_size=16) == []
+    assert CpuSdpaBackend.validate(dtype=torch.float64) == [
+        f"dtype torch.float64 not in ({', '.join(map(str, CpuSdpaBackend.supported_dtypes))})"
+    ]
+
+
+def test_layers_sharing_a_cpu_sdpa_step_plan_each_match_the_reference():
+    model = layers()
     blocks = [list(range(8 * r, 8 * r + 8))[::-1] for r in range(3)]  # 32 tokens each
     history = [[([], []) for _ in range(3)] for _ in range(LAYERS)]  # layer, request: k, v
     cached = [0, 0, 0]
@@ -65,7 +84,7 @@ def test_layers_sharing_a_step_plan_each_match_the_reference(backend):
 
 
 def test_cpu_sdpa_names_slots_outside_the_cache():
-    (layer, *_) = layers(CpuSdpaBackend)
+    (layer, *_) = layers()
     metadata = AttentionMetadataBuilder(BLOCK_SIZE).build([3], [0], [[40]])  # 32 blocks
     q = torch.randn(3, HEADS * HEAD_SIZE)
     k = v = torch.randn(3, KV_HEADS * HEAD_SIZE)
