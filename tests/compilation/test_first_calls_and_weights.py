@@ -1,15 +1,12 @@
 """What users vary and a one-model test suite does not: the size of the first call, the
-weights behind one compile cache, a failing first call, and threads.
+weights behind one compile cache, a failing first call, and threads (Llama checkpoints
+sharing a cache: engine/tests/compilation).
 
 Each compiled result is compared with the same weights run eagerly.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 
@@ -25,9 +22,6 @@ from slotwise.compilation import (
 )
 from slotwise.compilation.compilers import CompiledPiece, EagerCompiler
 from slotwise.testing.toy_models import TOY_SPLITTING_OPS, ToyTransformer
-from slotwise_engine.models.llama import build_llama
-from slotwise_engine.runner.model_runner import ModelRunner
-from slotwise_engine.serving.generation import generate_token_ids
 
 SIZES = (0, 1, 2, 5, 9)
 
@@ -60,57 +54,6 @@ def test_inductor_pieces_are_general_whatever_the_first_size_and_the_weights(tmp
         with counters.expect(num_cache_hits=expected_hits):
             torch.testing.assert_close(compiled(ids), eager(ids))
         assert_matches_eager(compiled, eager)
-
-
-LLAMA_PROMPTS = [[1, 5, 9, 3], [7, 7, 2], [42, 11, 100, 3, 4, 5, 6, 7, 8]]
-
-GENERATE_IN_A_NEW_PROCESS = """
-import json, sys
-from slotwise.compilation import CompilationConfig, counters
-from slotwise_engine.models.llama import build_llama
-from slotwise_engine.runner.model_runner import ModelRunner
-from slotwise_engine.serving.generation import generate_token_ids
-config = CompilationConfig(level=3, backend="inductor", cache_dir=sys.argv[1])
-runner = ModelRunner(build_llama("tiny", seed=int(sys.argv[2]), compilation_config=config),
-                     num_blocks=32)
-tokens = generate_token_ids(runner, json.loads(sys.argv[3]), 6)
-print(json.dumps({"tokens": tokens, "hits": counters.num_cache_hits}))
-"""
-
-
-def llama_tokens(seed: int, config: CompilationConfig, first_prompt=None) -> list[list[int]]:
-    runner = ModelRunner(build_llama("tiny", seed=seed, compilation_config=config), num_blocks=32)
-    if first_prompt is not None:
-        generate_token_ids(runner, [first_prompt], 1)
-    return generate_token_ids(runner, LLAMA_PROMPTS, 6)
-
-
-@pytest.mark.slow
-def test_two_llama_checkpoints_share_a_cache_after_a_one_token_first_request(tmp_path):
-    eager = {seed: llama_tokens(seed, CompilationConfig(level=0)) for seed in (0, 1)}
-    assert eager[0] != eager[1]
-    config = CompilationConfig(level=3, backend="inductor", cache_dir=str(tmp_path))
-    for seed in (0, 1):
-        assert llama_tokens(seed, config, first_prompt=[17]) == eager[seed], f"seed {seed}"
-    # A later process whose first request has four tokens loads the same artifacts.
-    for seed in (1, 0):
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                textwrap.dedent(GENERATE_IN_A_NEW_PROCESS),
-                str(tmp_path),
-                str(seed),
-                json.dumps([[3, 1, 4, 1], *LLAMA_PROMPTS]),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=True,
-        )
-        loaded = json.loads(result.stdout.splitlines()[-1])
-        assert loaded["hits"] > 0
-        assert loaded["tokens"][1:] == eager[seed], f"seed {seed} in a new process"
 
 
 def test_a_failing_first_call_leaves_the_model_usable():
