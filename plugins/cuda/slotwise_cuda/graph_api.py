@@ -2,7 +2,7 @@
 
 Everything that touches ``torch.cuda`` graph machinery is here; the bookkeeping
 of the static-graph contract is the core's ``StaticGraphWrapper``, so it is tested
-on the CPU with a stand-in API that keeps the same contract (``tests/cuda_graphs``).
+on the CPU with a stand-in API that keeps the same contract (``tests/static_graphs``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""slotwise's static-graph bookkeeping, run on the CPU with the stub NPU's graph API."""
+"""slotwise's static-graph bookkeeping, run on the CPU with the core's recorded graphs."""
 
 from __future__ import annotations
 
@@ -191,7 +191,7 @@ def test_graph_warmups_delay_the_capture(graph_api):
 
 
 def test_a_stub_replay_uses_what_the_capture_read_on_the_host(graph_api):
-    # A device graph replays the metadata its capture saw; the stub must not be kinder.
+    # A device graph replays the metadata its capture saw; a recorded graph must not be kinder.
     graph = graph_api.new_graph()
     buffer = torch.ones(2)
     calls = []

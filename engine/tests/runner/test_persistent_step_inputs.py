@@ -2,7 +2,7 @@
 every graph mode still gives eager's logits, with a block table that never changes width
 and graphs that read the runner's own buffers in place.
 
-The stub graph API replays what its capture recorded on the captured tensors, so a step
+The recorded graph API replays what its capture recorded on the captured tensors, so a step
 whose inputs or metadata were not written where the graph reads them gives wrong logits.
 """
 

@@ -3,7 +3,7 @@ that size replays a recorded list of calls (no graph wrapper, no model call), gi
 eager's logits over many steps while requests join and leave, and falls back to the
 normal path whenever what it recorded went stale.
 
-The stub graph API replays what its capture recorded on the captured tensors, so a
+The recorded graph API replays what its capture recorded on the captured tensors, so a
 recorded call on a stale tensor or a skipped call gives wrong logits."""
 
 from __future__ import annotations

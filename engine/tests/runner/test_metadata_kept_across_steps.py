@@ -6,7 +6,7 @@ checked launches and each layer's KV copies and launches) from one step to the n
 What a user relies on: every step still gives eager's logits, whatever changed in
 between (the batch's shape, which requests hold which block-table rows, a request's
 blocks, the KV cache itself), and a KV cache that was replaced is not kept alive by
-what was bound to it.  The stub graph API replays on the captured tensors, so a call
+what was bound to it.  The recorded graph API replays on the captured tensors, so a call
 bound to a stale tensor gives wrong logits.
 """
 

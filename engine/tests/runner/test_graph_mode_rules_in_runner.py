@@ -1,6 +1,6 @@
 """vLLM's graph-mode rules, end to end through the ModelRunner on the CPU graph API.
 
-The stub graph API replays what its capture recorded, so a graph captured without what
+The recorded graph API replays what its capture recorded, so a graph captured without what
 it needs (attention without metadata) replays wrong numbers, and the tokens show it:
 with nothing split there are no piecewise graphs, under TORCH_COMPILE_DISABLE=1 no graphs
 at all, and either way the runner neither pads nor reports a capture, and its greedy

@@ -13,7 +13,7 @@ import pytest
 import torch
 from support import clean_env
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "step_host_overhead.py"
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "step_host_overhead.py"
 LAYERS = 2  # the tiny preset's
 COMMON_PHASES = {
     "runner: step inputs",

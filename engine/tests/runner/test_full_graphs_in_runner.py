@@ -1,6 +1,6 @@
 """FULL graphs through the ModelRunner on the CPU graph API: attention inside the graph.
 
-The stub graph API replays the ops its capture recorded, with the metadata tensors and
+The recorded graph API replays the ops its capture recorded, with the metadata tensors and
 host counts the capture saw, as a device graph does; so a FULL step gives the right
 tokens only if the runner refills the static metadata in place.
 """
