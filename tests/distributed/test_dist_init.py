@@ -15,19 +15,43 @@ from support import LAUNCHER_VARIABLES, process_env, run_together
 
 import slotwise.distributed as sd
 from slotwise.errors import EnvironmentVariableError
-from slotwise.platforms import use_platform
-from slotwise_cpu.communicator import CpuCommunicator
-from slotwise_cpu.platform import CpuPlatform
+from slotwise.platforms import Platform, use_platform
+from slotwise.plugin_api import Communicator
 
 WORKER = Path(__file__).with_name("dist_worker.py")
+#: A torch.distributed backend of the tests' own: gloo under another name.
+OTHER_BACKEND = "gloo_renamed_for_tests"
+
+
+class GlooCommunicator(Communicator):
+    dist_backend = "gloo"
+
+
+class GlooPlatform(Platform):
+    """A CPU platform whose groups run on gloo, with a communicator that insists on it."""
+
+    name = "gloo_test"
+    device_type = "cpu"
+
+    def get_communicator_cls(self, **kwargs: object) -> type[Communicator]:
+        return GlooCommunicator
+
+
+def register_other_backend() -> None:
+    if OTHER_BACKEND not in dist.Backend.backend_list:
+        dist.Backend.register_backend(
+            OTHER_BACKEND,
+            lambda store, rank, size, timeout: dist.ProcessGroupGloo(store, rank, size, timeout),
+            devices=["cpu"],
+        )
 
 
 @pytest.fixture
 def alone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No launcher environment, the CPU platform, and a shutdown whatever happens."""
+    """No launcher environment, a gloo platform, and a shutdown whatever happens."""
     for name in (*LAUNCHER_VARIABLES, "SLOTWISE_DIST_TIMEOUT"):
         monkeypatch.delenv(name, raising=False)
-    with use_platform(CpuPlatform()):
+    with use_platform(GlooPlatform()):
         yield
     sd.shutdown_distributed()
 
@@ -37,7 +61,7 @@ def test_a_lone_process_needs_no_rendezvous_and_shuts_down_cleanly(alone):
     assert info == sd.DistributedInfo(0, 1, 0, 0, 1, "gloo", sd.DEFAULT_TIMEOUT_S)
     assert sd.is_initialized() and sd.init_distributed(tensor_parallel_size=1) == info
     tp, world = sd.get_tp_communicator(), sd.get_world_communicator()
-    assert type(tp) is CpuCommunicator and (tp.name, world.name) == ("tp", "world")
+    assert type(tp) is GlooCommunicator and (tp.name, world.name) == ("tp", "world")
     assert (tp.rank, tp.world_size, tp.ranks) == (0, 1, [0])
 
     x = torch.arange(6.0).view(2, 3)
@@ -77,11 +101,9 @@ def test_bad_collective_arguments_name_the_problem(alone):
 
 
 def test_the_communicator_refuses_a_group_of_the_wrong_backend(alone):
-    from slotwise_ascend_stub.platform import AscendStubPlatform
-
-    AscendStubPlatform().get_communicator_cls()  # registers "hccl_stub"
+    register_other_backend()
     with pytest.raises(sd.DistributedInitError, match="runs on the 'gloo' backend, but group"):
-        sd.init_distributed(backend="hccl_stub")
+        sd.init_distributed(backend=OTHER_BACKEND)
     assert not dist.is_initialized() and not sd.is_initialized()
     with pytest.raises(sd.DistributedInitError, match="torch.distributed has no backend 'nope'"):
         sd.init_distributed(backend="nope")
