@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -54,6 +54,7 @@ from slotwise_engine.server.protocol import (
     SamplingRequest,
     Usage,
 )
+from slotwise_engine.serving.async_engine import RequestStream
 from slotwise_engine.serving.errors import QueueFullError, RequestError
 from slotwise_engine.serving.outputs import RequestOutput
 from slotwise_engine.serving.request_params import RequestParams
@@ -67,7 +68,7 @@ class EngineClient(Protocol):
 
     async def generate(
         self, request_id: str, prompt: Sequence[int], params: RequestParams
-    ) -> AsyncGenerator[RequestOutput]: ...
+    ) -> RequestStream: ...
 
     def abort(self, request_id: str) -> None: ...
 
@@ -256,7 +257,7 @@ class Generation:
         self.request_id = request_id
         self.prompt = prompt
         self.params = params
-        self.outputs: AsyncGenerator[RequestOutput] | None = None
+        self.outputs: RequestStream | None = None
         self.timer = timer
         self.done = False
 
@@ -264,8 +265,7 @@ class Generation:
         """The next output; a refusal of the engine as the API error it means."""
         try:
             if self.outputs is None:  # the engine checks the request here
-                outputs = await self.engine.generate(self.request_id, self.prompt, self.params)
-                self.outputs = outputs.__aiter__()
+                self.outputs = await self.engine.generate(self.request_id, self.prompt, self.params)
             output = await self.outputs.__anext__()
         except StopAsyncIteration:
             self.done = True

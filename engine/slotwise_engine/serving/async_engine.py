@@ -5,15 +5,19 @@ One background task drives the engine: while any request is unfinished it runs
 while the model runs) and hands each output to its request's queue.  Requests added
 or aborted while a step runs are applied between two steps, from the event loop:
 the engine is never touched by two threads at once.  Closing or cancelling a
-request's iterator aborts it.
+request's iterator aborts it, and so does dropping it unread: a caller that awaited
+``generate`` and then failed before reading would otherwise leave its request running
+and its outputs piling up for nobody.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import AsyncIterator, Sequence
+import weakref
+from collections.abc import Sequence
 
 from slotwise_engine.serving.engine import EngineStats, LLMEngine
 from slotwise_engine.serving.engine_request import EngineRequest
@@ -50,7 +54,7 @@ class AsyncLLMEngine:
 
     async def generate(
         self, request_id: str, prompt: str | Sequence[int], params: RequestParams
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> RequestStream:
         """The outputs of one request as its tokens come, the last one ``finished``.
 
         Raises ``RequestError`` for a request the engine refuses and ``QueueFullError``
@@ -70,23 +74,18 @@ class AsyncLLMEngine:
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._queues[request_id] = queue
         self._submit(request)
-        return self._outputs(request_id, queue)
+        return RequestStream(self, request_id, queue)
 
-    async def _outputs(
-        self, request_id: str, queue: asyncio.Queue[RequestOutput | BaseException]
-    ) -> AsyncIterator[RequestOutput]:
-        finished = False
-        try:
-            while not finished:
-                output = await queue.get()
-                if isinstance(output, BaseException):
-                    raise output
-                finished = output.finished
-                yield output
-        finally:
-            self._queues.pop(request_id, None)
-            if not finished:
-                self.abort(request_id)
+    def _release(self, request_id: str, *, abort: bool) -> None:
+        """Forget a request's queue; abort the request unless it finished."""
+        self._queues.pop(request_id, None)
+        if abort:
+            self.abort(request_id)
+
+    def _abandoned(self, loop: asyncio.AbstractEventLoop, request_id: str) -> None:
+        """A stream was garbage-collected unfinished, on whatever thread collected it."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing runs any more
+            loop.call_soon_threadsafe(functools.partial(self._release, request_id, abort=True))
 
     def abort(self, request_id: str) -> None:
         """End a request; its iterator ends with an output of finish reason "abort"."""
@@ -171,3 +170,50 @@ class AsyncLLMEngine:
         return bool(
             self._stepping or self._to_add or self._to_abort or self.engine.has_unfinished()
         )
+
+
+class RequestStream:
+    """One request's outputs, an async iterator; ``aclose()``, a cancelled read or the
+    stream dropped unread ends the request (finish reason "abort")."""
+
+    def __init__(
+        self,
+        engine: AsyncLLMEngine,
+        request_id: str,
+        queue: asyncio.Queue[RequestOutput | BaseException],
+    ) -> None:
+        self.request_id = request_id
+        self._engine = engine
+        self._queue = queue
+        self._ended = False
+        self._on_drop = weakref.finalize(
+            self, engine._abandoned, asyncio.get_running_loop(), request_id
+        )
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._ended:
+            raise StopAsyncIteration
+        try:
+            output = await self._queue.get()
+        except BaseException:  # cancelled while waiting
+            self._end(abort=True)
+            raise
+        if isinstance(output, BaseException):
+            self._end(abort=True)
+            raise output
+        if output.finished:
+            self._end(abort=False)
+        return output
+
+    async def aclose(self) -> None:
+        """Stop reading: the request is aborted unless it finished."""
+        self._end(abort=True)
+
+    def _end(self, *, abort: bool) -> None:
+        if not self._ended:
+            self._ended = True
+            self._on_drop.detach()
+            self._engine._release(self.request_id, abort=abort)

@@ -79,3 +79,31 @@ def test_shutdown_aborts_what_outlasts_the_grace_period():
             await engine.generate("late", [1], PARAMS)
 
     asyncio.run(main())
+
+
+def test_a_stream_dropped_or_closed_unread_aborts_its_request_and_frees_its_blocks():
+    async def main() -> None:
+        inner = LLMEngine(tiny_runner())
+        aborted: list[str] = []
+        abort = inner.abort
+        inner.abort = lambda request_id: (aborted.append(request_id), abort(request_id))
+        engine = AsyncLLMEngine(inner)
+        long = RequestParams(max_tokens=200, ignore_eos=True)
+        await engine.generate("dropped", [1, 2], long)  # the caller failed before reading
+        closed = await engine.generate("closed", [3, 4], long)
+        await closed.aclose()
+        assert [o async for o in closed] == []
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            stats = engine.stats()
+            if stats.kv_blocks_used == 0 and stats.num_running + stats.num_waiting == 0:
+                break
+        assert engine.stats().kv_blocks_used == 0
+        assert engine.stats().num_running + engine.stats().num_waiting == 0
+        assert sorted(aborted) == ["closed", "dropped"]
+        assert engine._queues == {}  # nothing kept for a reader that will never come
+        # The engine serves the next request as if alone.
+        assert await collect(engine, "next", PROMPTS["a"]) == run_alone(PROMPTS["a"], PARAMS)
+        await engine.shutdown(grace_s=1.0)
+
+    asyncio.run(main())
