@@ -27,8 +27,20 @@ written at run time (every token decodes to one word, so each token is one strea
 chunk), or a real checkpoint folder (``--model``).  ``--url`` drives one server that is
 already running instead.
 
+``--sequential N`` adds a run of N requests sent one after another (one in flight at
+a time), reported as rate "serial".  From slotwise's ``/metrics`` each of its runs also
+reports the engine's steps (``slotwise_engine_step*``): how many requests a decode step
+ran and how long it took, and the share of the run's wall time the engine spent in
+steps.  ``--roofline`` then sets slotwise's decode steps at saturation against the memory
+roofline of ``slotwise bench`` (``slotwise_engine.bench.decode``: the bytes a step of
+that batch and context reads over the probed read bandwidth), and the serial run's
+ITL against the server's own decode step at batch 1 (what the HTTP layer adds).
+
 Targets (docs/benchmarks.md): output tokens/s at saturation at least 2x transformers',
-and at every rate p90 TTFT and p90 ITL no worse than transformers'.
+and at every rate p90 TTFT and p90 ITL no worse than transformers'; with one request
+in flight (``--sequential``) slotwise's p50 ITL within 1.15x of the engine's decode step
+at batch 1, and slotwise's decode steps at saturation at 0.5 or more of the memory
+roofline for the batch they run (both with ``--roofline``).
 
 Results go to ``<out-dir>/serving.json``, ``.md`` and ``serving.png`` (throughput and p90
 latencies against the request rate; with matplotlib installed).
@@ -38,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -75,6 +88,12 @@ from slotwise.stats import percentile
 SERVERS = ("slotwise", "transformers")
 #: Saturation throughput of slotwise over transformers' (the issue's target).
 TARGET_THROUGHPUT_RATIO = 2.0
+#: The most the p50 ITL with one request in flight may be over the engine's batch-1 step.
+TARGET_SERIAL_ITL_RATIO = 1.15
+#: The least share of the memory roofline a decode step at saturation should reach.
+TARGET_ROOFLINE_FRACTION = 0.5
+#: The rate label of the ``--sequential`` run.
+SERIAL = "serial"
 PERCENTILES = (50, 90, 99)
 #: Request-body fields that make each server generate exactly ``max_tokens`` tokens.
 IGNORE_EOS = {
@@ -437,10 +456,17 @@ async def send(
 
 
 async def run_load(
-    url: str, model: str, load: Sequence[Request], extra_body: dict[str, Any], timeout_s: float
+    url: str,
+    model: str,
+    load: Sequence[Request],
+    extra_body: dict[str, Any],
+    timeout_s: float,
+    *,
+    sequential: bool = False,
 ) -> tuple[list[Outcome], float]:
-    """Every request of ``load`` at its time; the outcomes and the seconds from the
-    first send to the last answer."""
+    """Every request of ``load`` at its time (``sequential``: each as soon as the one
+    before has ended); the outcomes and the seconds from the first send to the last
+    answer."""
     import openai
 
     client = openai.AsyncOpenAI(
@@ -448,9 +474,14 @@ async def run_load(
     )
     async with client:
         start = time.perf_counter()
-        outcomes = await asyncio.gather(
-            *(send(client, model, request, extra_body, start) for request in load)
-        )
+        if sequential:
+            outcomes = []
+            for request in load:  # its arrival_s counts from the one before's end
+                outcomes.append(await send(client, model, request, extra_body, time.perf_counter()))
+        else:
+            outcomes = await asyncio.gather(
+                *(send(client, model, request, extra_body, start) for request in load)
+            )
         duration = time.perf_counter() - start
     return list(outcomes), duration
 
@@ -463,7 +494,7 @@ def spread(samples: Sequence[float]) -> dict[str, float] | None:
 
 
 def summarise(
-    rate: float, load: Sequence[Request], outcomes: Sequence[Outcome], duration: float
+    rate: float | str, load: Sequence[Request], outcomes: Sequence[Outcome], duration: float
 ) -> dict[str, Any]:
     """One server's figures at one rate."""
     done = [o for o in outcomes if o.error is None]
@@ -475,7 +506,7 @@ def summarise(
     ]
     errors = sorted({o.error for o in outcomes if o.error is not None})
     return {
-        "rate": rate_text(rate),
+        "rate": rate if isinstance(rate, str) else rate_text(rate),
         "completed": len(done),
         "failed": len(outcomes) - len(done),
         "errors": errors[:5],
@@ -503,17 +534,78 @@ def rate_text(rate: float) -> str:
 
 
 def run_rate(
-    args: argparse.Namespace, name: str, url: str, rate: float, load: Sequence[Request], kind: str
+    args: argparse.Namespace,
+    name: str,
+    url: str,
+    rate: float | str,
+    load: Sequence[Request],
+    kind: str,
 ) -> dict[str, Any]:
-    """``load`` on the server at ``url``; its figures."""
-    LOG.info("%s at %s requests/s: %d requests", name, rate_text(rate), len(load))
+    """``load`` on the server at ``url`` (rate ``SERIAL``: one request at a time); its
+    figures, with the engine's steps where the server is slotwise."""
+    label = rate if isinstance(rate, str) else f"{rate_text(rate)} requests/s"
+    LOG.info("%s at %s: %d requests", name, label, len(load))
     model = served_model(url)
+    before = step_totals(url) if kind == "slotwise" else None
     outcomes, duration = asyncio.run(
-        run_load(url, model, load, IGNORE_EOS[kind], args.request_timeout)
+        run_load(
+            url, model, load, IGNORE_EOS[kind], args.request_timeout, sequential=rate == SERIAL
+        )
     )
     figures = summarise(rate, load, outcomes, duration)
+    if before is not None:
+        figures["engine_steps"] = engine_steps(before, step_totals(url), duration)
     if figures["failed"]:
         LOG.warning("%s: %d requests failed: %s", name, figures["failed"], figures["errors"])
+    return figures
+
+
+#: slotwise's step counters (``/metrics``) -> the key of each in ``step_totals``
+STEP_METRICS = {
+    "slotwise_engine_steps_total": "steps",
+    "slotwise_engine_step_seconds_total": "seconds",
+    "slotwise_engine_step_requests_total": "requests",
+    "slotwise_engine_step_context_tokens_total": "context_tokens",
+}
+
+
+def step_totals(url: str) -> dict[str, dict[str, float]]:
+    """slotwise's step counters now, by step kind (``decode``, ``mixed``)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    totals: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        if name not in STEP_METRICS:
+            continue
+        labels, _, value = rest.rpartition("} ")
+        kind = labels.split('kind="', 1)[1].split('"', 1)[0]
+        totals.setdefault(kind, {})[STEP_METRICS[name]] = float(value)
+    return totals
+
+
+def engine_steps(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], duration: float
+) -> dict[str, Any]:
+    """What slotwise's engine did between two ``step_totals``: per step kind the steps,
+    mean requests and context tokens a request, mean step time; and the share of the
+    run's ``duration`` spent in steps."""
+    figures: dict[str, Any] = {}
+    busy = 0.0
+    for kind, totals in after.items():
+        done = {key: value - before.get(kind, {}).get(key, 0.0) for key, value in totals.items()}
+        steps = int(done.get("steps", 0))
+        busy += done.get("seconds", 0.0)
+        if steps == 0:
+            continue
+        requests = done.get("requests", 0.0)
+        figures[kind] = {
+            "steps": steps,
+            "mean_requests": round(requests / steps, 2),
+            "mean_context_tokens": round(done.get("context_tokens", 0.0) / requests, 1),
+            "mean_step_ms": round(1000 * done.get("seconds", 0.0) / steps, 3),
+        }
+    figures["busy_fraction"] = round(busy / duration, 3) if duration else None
     return figures
 
 
@@ -537,6 +629,12 @@ def warm_up(
     failed = [o.error for o in outcomes if o.error is not None]
     if failed:
         raise ServerError(f"warm-up requests failed: {failed[0]}")
+
+
+def serial_load(load: Sequence[Request], count: int) -> list[Request]:
+    """The first ``count`` requests of ``load`` (cycled if it has fewer), to send one
+    after another."""
+    return [dataclasses.replace(load[i % len(load)], arrival_s=0.0) for i in range(count)]
 
 
 def prompt_words(model: Path | None) -> list[str]:
@@ -589,7 +687,10 @@ def measure_servers(
             results[name]["startup_s"] = round(server.startup_s or 0.0, 2)
             results[name]["idle_cpu_s"] = 0.0
             servers[name] = server
-        for index, (rate, load) in enumerate(zip(args.rates, loads, strict=True)):
+        runs = list(zip(args.rates, loads, strict=True))
+        if args.sequential:
+            runs.append((SERIAL, serial_load(loads[0], args.sequential)))
+        for index, (rate, load) in enumerate(runs):
             order = list(servers) if index % 2 == 0 else list(reversed(servers))
             for name in order:
                 server = servers[name]
@@ -617,6 +718,77 @@ def measure_servers(
     return results
 
 
+def saturation_run(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The run of the highest output tokens/s among the request rates."""
+    return max((r for r in runs if r["rate"] != SERIAL), key=lambda r: r["output_tokens_per_s"])
+
+
+def measure_roofline(
+    args: argparse.Namespace, model: Path, servers: dict[str, Any]
+) -> dict[str, Any]:
+    """slotwise's decode steps (from its ``/metrics``) against the memory roofline of
+    ``slotwise bench`` (``bytes_per_step`` over ``measure_read_bandwidth``): at
+    saturation, for the mean batch and context they ran; with one request in flight,
+    the p50 ITL over the server's own decode step at batch 1."""
+    import torch
+
+    from slotwise.compilation.config import CompilationConfig
+    from slotwise.platforms import get_current_platform
+    from slotwise_engine.bench.decode import build_model, bytes_per_step, measure_read_bandwidth
+    from slotwise_engine.runner.model_runner import ModelRunner
+
+    runs = servers["slotwise"]["runs"]
+    saturated = saturation_run(runs)
+    decode = (saturated.get("engine_steps") or {}).get("decode")
+    if decode is None:
+        return {"error": f"slotwise ran no decode step at rate {saturated['rate']}"}
+    batch = max(1, round(decode["mean_requests"]))
+    context = max(1, round(decode["mean_context_tokens"]))
+    dtype = args.dtype if args.model is None else model_dtype(model)
+    # eager, and nothing runs: only the sizes of the weights and of the KV cache, which
+    # the runner allocates (one block, as its element size is all that is read), count
+    weights = build_model(
+        str(model),
+        dtype=getattr(torch, dtype),
+        compilation_config=CompilationConfig(level=0),
+    )
+    ModelRunner(weights, num_blocks=1)
+    step_bytes = bytes_per_step(weights, [context] * batch)
+    probe = measure_read_bandwidth(step_bytes, device=get_current_platform().device_type)
+    roofline_ms = 1000 * step_bytes / probe.bytes_per_second
+    report: dict[str, Any] = {
+        "dtype": dtype,
+        "read_bandwidth_gb_s": round(probe.bytes_per_second / 1e9, 2),
+        "saturation": {
+            "rate": saturated["rate"],
+            "decode_batch": decode["mean_requests"],
+            "context_tokens": context,
+            "bytes_per_step": step_bytes,
+            "decode_step_ms": decode["mean_step_ms"],
+            "roofline_ms": round(roofline_ms, 3),
+            "roofline_fraction": round(roofline_ms / decode["mean_step_ms"], 3),
+            "target": TARGET_ROOFLINE_FRACTION,
+        },
+    }
+    serial = next((r for r in runs if r["rate"] == SERIAL), None)
+    served = ((serial or {}).get("engine_steps") or {}).get("decode")
+    if serial is not None and serial["itl_ms"] is not None and served is not None:
+        report["serial"] = {
+            "itl_p50_ms": serial["itl_ms"]["p50"],
+            "tpot_p50_ms": serial["tpot_ms"]["p50"] if serial["tpot_ms"] else None,
+            "decode_step_ms": served["mean_step_ms"],
+            "itl_over_decode_step": round(serial["itl_ms"]["p50"] / served["mean_step_ms"], 3),
+            "target": TARGET_SERIAL_ITL_RATIO,
+        }
+    return report
+
+
+def model_dtype(model: Path) -> str:
+    """The dtype a checkpoint's config.json names (float32 if none)."""
+    config = json.loads((model / "config.json").read_text())
+    return str(config.get("dtype") or config.get("torch_dtype") or "float32")
+
+
 def ratios(results: dict[str, Any]) -> dict[str, Any] | None:
     """slotwise over transformers per rate (throughput: higher is better for slotwise;
     latencies: lower is), and at saturation (each server's highest output tokens/s)."""
@@ -641,8 +813,8 @@ def ratios(results: dict[str, Any]) -> dict[str, Any] | None:
                 "itl_p90": ratio(p90(a, "itl_ms"), p90(b, "itl_ms")),
             }
         )
-    best_mine = max(run["output_tokens_per_s"] for run in mine["runs"])
-    best_theirs = max(run["output_tokens_per_s"] for run in theirs["runs"])
+    best_mine = saturation_run(mine["runs"])["output_tokens_per_s"]
+    best_theirs = saturation_run(theirs["runs"])["output_tokens_per_s"]
     saturation = ratio(best_mine, best_theirs)
     latencies_ok = all(
         row[key] is not None and row[key] <= 1.0
@@ -667,6 +839,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         "range_ratio": args.range_ratio,
         "seed": args.seed,
         "warmup_requests": args.warmup_requests,
+        "sequential": args.sequential,
     }
     report: dict[str, Any] = {
         "benchmark": "serving",
@@ -692,10 +865,15 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
                 run_rate(args, args.url, args.url, rate, load, args.url_kind)
                 for rate, load in zip(args.rates, loads, strict=True)
             ]
+            if args.sequential:
+                serial = serial_load(loads[0], args.sequential)
+                runs.append(run_rate(args, args.url, args.url, SERIAL, serial, args.url_kind))
             report["servers"] = {"url": {"url": args.url, "runs": runs}}
         else:
             report["servers"] = measure_servers(args, model, loads, workdir)
             report["ratios"] = ratios(report["servers"])
+            if args.roofline and report["servers"].get("slotwise", {}).get("runs"):
+                report["roofline"] = measure_roofline(args, model, report["servers"])
         settings["prompt_tokens_mean"] = round(
             sum(r.prompt_tokens for r in loads[0]) / len(loads[0]), 1
         )
@@ -768,7 +946,62 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"(target {TARGET_THROUGHPUT_RATIO}x): {verdict(summary['saturation_met'])}",
             f"- p90 TTFT and ITL no worse at every rate: {verdict(summary['latencies_met'])}",
         ]
+    lines += render_engine_steps(report)
     return "\n".join(lines) + "\n"
+
+
+def render_engine_steps(report: dict[str, Any]) -> list[str]:
+    """slotwise's steps per run, and the engine's decode step against them."""
+    runs = [r for r in report["servers"].get("slotwise", {}).get("runs", []) if "engine_steps" in r]
+    if not runs:
+        return []
+    lines = [
+        "",
+        "slotwise's engine steps (from /metrics): decode steps, mean requests in one, mean "
+        "context tokens a request, mean step ms; mixed steps alike; share of the wall time "
+        "in steps:",
+        "",
+        "| rate (req/s) | decode steps | requests | context | step ms | mixed steps | requests "
+        "| step ms | busy |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in runs:
+        steps = run["engine_steps"]
+        cells = [run["rate"]]
+        for kind, keys in (
+            ("decode", ("steps", "mean_requests", "mean_context_tokens", "mean_step_ms")),
+            ("mixed", ("steps", "mean_requests", "mean_step_ms")),
+        ):
+            figures = steps.get(kind)
+            cells += [fmt(figures[key]) if figures else "0" for key in keys]
+        cells.append(fmt(steps["busy_fraction"]))
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    roofline = report.get("roofline")
+    if roofline is None:
+        return lines
+    if "error" in roofline:
+        return [*lines, "", f"No roofline: {roofline['error']}"]
+    saturation = roofline["saturation"]
+    fraction = saturation["roofline_fraction"]
+    lines += [
+        "",
+        f"- saturation (rate {saturation['rate']}): decode steps of "
+        f"{saturation['decode_batch']} requests ({saturation['context_tokens']} tokens of "
+        f"context each) take {saturation['decode_step_ms']} ms; reading "
+        f"{saturation['bytes_per_step'] / 1e6:.1f} MB at {roofline['read_bandwidth_gb_s']} GB/s "
+        f"takes {saturation['roofline_ms']} ms: {fraction} of the memory roofline (target "
+        f"{TARGET_ROOFLINE_FRACTION}): {verdict(fraction >= TARGET_ROOFLINE_FRACTION)}",
+    ]
+    serial = roofline.get("serial")
+    if serial is not None:
+        ratio = serial["itl_over_decode_step"]
+        lines.append(
+            f"- one request in flight: p50 ITL {serial['itl_p50_ms']} ms (p50 TPOT "
+            f"{fmt(serial['tpot_p50_ms'])} ms), the server's decode step at batch 1 "
+            f"{serial['decode_step_ms']} ms (mean): {ratio}x (target at most "
+            f"{TARGET_SERIAL_ITL_RATIO}x): {verdict(ratio <= TARGET_SERIAL_ITL_RATIO)}"
+        )
+    return lines
 
 
 def three(spread_ms: dict[str, float] | None) -> str:
@@ -797,7 +1030,7 @@ def plot(report: dict[str, Any], path: Path) -> bool:
     )
     for axis, (key, sub, title) in zip(axes, panels, strict=True):
         for name, result in report["servers"].items():
-            runs = result.get("runs") or []
+            runs = [r for r in result.get("runs") or [] if r["rate"] != SERIAL]
             points = [
                 (i, run[key] if sub is None else (run[key] or {}).get(sub))
                 for i, run in enumerate(runs)
@@ -880,6 +1113,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             help=f"more options of the {name} server's command line, as one string "
             f"(--{name}-args='--flag value')",
         )
+    parser.add_argument(
+        "--sequential",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also send N requests one after another (one in flight), rate 'serial'",
+    )
+    parser.add_argument(
+        "--roofline",
+        action="store_true",
+        help="set slotwise's decode steps at saturation against the memory roofline, and "
+        "its serial ITL against its own decode step",
+    )
     parser.add_argument("--warmup-requests", type=int, default=4)
     parser.add_argument("--startup-timeout", type=float, default=300.0, help="seconds")
     parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds")
@@ -891,6 +1137,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--range-ratio must be at least 0 and below 1")
     if args.warmup_requests < 0:
         parser.error("--warmup-requests must be at least 0")
+    if args.sequential < 0:
+        parser.error("--sequential must be at least 0")
+    if args.roofline and (args.url is not None or "slotwise" not in args.servers):
+        parser.error("--roofline reads slotwise's steps and checkpoint: run slotwise (no --url)")
     if args.model is not None and not (args.model / "config.json").is_file():
         parser.error(f"--model {args.model}: no config.json there; pass a checkpoint folder")
     return args

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
-from typing import Protocol
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 #: Buckets of the latency histograms, in seconds: from a fast decode step to a long
 #: request on a slow machine.
@@ -72,9 +72,9 @@ class Counter(_Metric):
             raise ValueError(f"{self.name}: a counter cannot decrease (by {amount})")
         self.values[key] = self.values.get(key, 0.0) + amount
 
-    def set_total(self, total: float) -> None:
+    def set_total(self, total: float, *, key: str = "") -> None:
         """Follow a count kept elsewhere (the engine's preemptions)."""
-        self.values[""] = float(total)
+        self.values[key] = float(total)
 
     def lines(self) -> list[str]:
         return [
@@ -162,6 +162,9 @@ class EngineLoad(Protocol):
     kv_blocks_used: int
     kv_blocks_total: int
     num_preemptions: int
+    #: per step kind: an object with ``steps``, ``seconds``, ``requests`` and
+    #: ``context_tokens`` (the engine's ``StepTotals``)
+    step_totals: Mapping[str, Any]
 
 
 class ServerMetrics:
@@ -213,6 +216,35 @@ class ServerMetrics:
             "From a request's arrival to its end.",
             labels,
         )
+        #: The engine's steps by kind: "decode" (every request computes one token) or
+        #: "mixed" (prompt chunks too); what a benchmark divides to get batch sizes and
+        #: step times.
+        self.steps = Counter(
+            "slotwise_engine_steps_total",
+            "Engine steps run, by kind: decode (one token for each request) or mixed "
+            "(prompt chunks too).",
+            labels,
+            by="kind",
+        )
+        self.step_seconds = Counter(
+            "slotwise_engine_step_seconds_total",
+            "Wall time in engine steps (scheduling, the model, sampling, detokenizing), by kind.",
+            labels,
+            by="kind",
+        )
+        self.step_requests = Counter(
+            "slotwise_engine_step_requests_total",
+            "Requests in engine steps, summed over the steps, by kind.",
+            labels,
+            by="kind",
+        )
+        self.step_context_tokens = Counter(
+            "slotwise_engine_step_context_tokens_total",
+            "Tokens whose keys and values the steps' requests attend to, summed over the "
+            "requests and steps, by kind.",
+            labels,
+            by="kind",
+        )
 
     def render(self, load: EngineLoad) -> str:
         """The exposition, with the gauges read from ``load`` now."""
@@ -221,6 +253,11 @@ class ServerMetrics:
         total = load.kv_blocks_total
         self.kv_usage.set(load.kv_blocks_used / total if total else 0.0)
         self.preemptions.set_total(load.num_preemptions)
+        for kind, totals in load.step_totals.items():
+            self.steps.set_total(totals.steps, key=kind)
+            self.step_seconds.set_total(totals.seconds, key=kind)
+            self.step_requests.set_total(totals.requests, key=kind)
+            self.step_context_tokens.set_total(totals.context_tokens, key=kind)
         return exposition(
             [
                 self.running,
@@ -233,6 +270,10 @@ class ServerMetrics:
                 self.ttft,
                 self.itl,
                 self.e2e,
+                self.steps,
+                self.step_seconds,
+                self.step_requests,
+                self.step_context_tokens,
             ]
         )
 

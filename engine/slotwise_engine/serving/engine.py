@@ -15,11 +15,12 @@ so the ranks' batches, and their collectives, stay in lock-step.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,7 +34,7 @@ from slotwise_engine.serving.errors import RequestError
 from slotwise_engine.serving.non_finite_logits import non_finite_logits_error, to_host
 from slotwise_engine.serving.outputs import RequestOutput
 from slotwise_engine.serving.request_params import RequestParams
-from slotwise_engine.serving.scheduler import Scheduler
+from slotwise_engine.serving.scheduler import ScheduledStep, Scheduler
 
 if TYPE_CHECKING:
     from slotwise.compilation.config import CompilationConfig
@@ -41,6 +42,27 @@ if TYPE_CHECKING:
 
 #: The cache ``from_checkpoint`` allocates unless told: 16384 tokens in blocks of 16.
 DEFAULT_KV_BLOCKS = 1024
+
+
+#: The kinds of step ``StepTotals`` counts apart: every request computes the one token
+#: it sampled last ("decode": the steps a memory roofline bounds), or some compute prompt
+#: chunks ("mixed").
+STEP_KINDS = ("decode", "mixed")
+
+
+@dataclass
+class StepTotals:
+    """What the engine's steps of one kind did since it started: a benchmark reads the
+    difference over a run to see how large the batches were and how long a step took."""
+
+    steps: int = 0
+    #: Wall time in ``LLMEngine.step``: scheduling, the model, sampling, detokenizing.
+    seconds: float = 0.0
+    #: Requests in those steps, summed over the steps.
+    requests: int = 0
+    #: Tokens whose keys and values those steps' requests attend to (each request's
+    #: context, the new tokens included), summed over the requests and steps.
+    context_tokens: int = 0
 
 
 @dataclass
@@ -52,6 +74,8 @@ class EngineStats:
     kv_blocks_used: int
     kv_blocks_total: int
     num_preemptions: int
+    #: ``StepTotals`` by kind (``STEP_KINDS``).
+    step_totals: dict[str, StepTotals] = field(default_factory=dict)
 
 
 class LLMEngine:
@@ -93,6 +117,7 @@ class LLMEngine:
         self._aborted: list[RequestOutput] = []  # outputs the next step returns
         self._sampled: list[EngineRequest] = []  # the rows of ``_sampler``
         self._sampler: Sampler | None = None
+        self._step_totals = {kind: StepTotals() for kind in STEP_KINDS}
 
     @classmethod
     def from_checkpoint(
@@ -241,6 +266,7 @@ class LLMEngine:
             kv_blocks_used=scheduler.num_blocks_used,
             kv_blocks_total=scheduler.num_blocks,
             num_preemptions=scheduler.num_preemptions,
+            step_totals={kind: dataclasses.replace(t) for kind, t in self._step_totals.items()},
         )
 
     # -- steps ---------------------------------------------------------------------
@@ -263,9 +289,25 @@ class LLMEngine:
 
     def _step(self) -> list[RequestOutput]:
         """One scheduled batch through the runner; the outputs of its sampled requests."""
+        start = time.perf_counter()
         scheduled = self.scheduler.schedule()
         if not scheduled.requests:
             return []
+        decode = all(
+            n == 1 and r.num_output_tokens > 0
+            for r, n in zip(scheduled.requests, scheduled.num_tokens, strict=True)
+        )
+        try:
+            return self._run_scheduled(scheduled)
+        finally:
+            totals = self._step_totals["decode" if decode else "mixed"]
+            totals.steps += 1
+            totals.seconds += time.perf_counter() - start
+            totals.requests += len(scheduled.requests)
+            totals.context_tokens += sum(r.runner_request.num_cached for r in scheduled.requests)
+
+    def _run_scheduled(self, scheduled: ScheduledStep) -> list[RequestOutput]:
+        """The model, sampling and the stopping rules for the batch ``scheduled``."""
         logits = self.runner.step([r.runner_request for r in scheduled.requests])
         rows = [row for row, sample in enumerate(scheduled.samples) if sample]
         if not rows:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
 from slotwise_engine.server.metrics import Counter, Gauge, Histogram, ServerMetrics, exposition
+from slotwise_engine.serving.engine import StepTotals
 
 
 @dataclass
@@ -17,6 +18,7 @@ class Load:
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
     num_preemptions: int = 0
+    step_totals: dict[str, StepTotals] = field(default_factory=dict)
 
 
 def samples(text: str) -> dict[str, float]:
@@ -80,13 +82,20 @@ def test_server_metrics_follow_a_request_and_the_engine_load():
     timer.tokens(2, now=10.9)  # two tokens in 0.4 s: two gaps of 0.2 s
     timer.close("length", now=11.0)
     timer.close("abort", now=12.0)  # closed once
-    values = samples(metrics.render(Load(3, 2, 5, 20, 4)))
+    steps = {"decode": StepTotals(3, 0.03, 12, 400), "mixed": StepTotals(1, 0.5, 2, 256)}
+    values = samples(metrics.render(Load(3, 2, 5, 20, 4, steps)))
     label = '{model_name="tiny"}'
     assert values[f"slotwise_num_requests_running{label}"] == 3
     assert values[f"slotwise_num_requests_waiting{label}"] == 2
     assert values[f"slotwise_kv_cache_usage{label}"] == 0.25
     assert values[f"slotwise_num_preemptions_total{label}"] == 4
     assert values[f"slotwise_prompt_tokens_total{label}"] == 7
+    decode = '{model_name="tiny",kind="decode"}'
+    assert values[f"slotwise_engine_steps_total{decode}"] == 3
+    assert values[f"slotwise_engine_step_seconds_total{decode}"] == 0.03
+    assert values[f"slotwise_engine_step_requests_total{decode}"] == 12
+    assert values[f"slotwise_engine_step_context_tokens_total{decode}"] == 400
+    assert values['slotwise_engine_steps_total{model_name="tiny",kind="mixed"}'] == 1
     assert values[f"slotwise_generation_tokens_total{label}"] == 3
     length = 'slotwise_requests_finished_total{model_name="tiny",finished_reason="length"}'
     assert values[length] == 1
