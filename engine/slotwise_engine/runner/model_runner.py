@@ -250,6 +250,27 @@ class ModelRunner:
             progress=progress,
         )
 
+    def warm_up(self) -> None:
+        """Compile the model now for the step sizes that run without graphs (any size
+        above the captured ones, and each of the config's ``compile_sizes``), so that a
+        server's first request does not wait for the compiler; ``capture`` compiles the
+        captured sizes.  A no-op for a model that is not compiled."""
+        if self.config is None:
+            return
+        # Above every capture size, and not 1: a first call of one token would
+        # specialise the trace on it.
+        general = max(self.capture_sizes, default=1) + 1
+        sizes = [general, *self.config.compile_sizes]
+        eager_sizes = sorted(
+            {size for size in sizes if self.dispatcher.dispatch(size, False).mode == GraphMode.NONE}
+        )
+        logger.info("compiling the model for steps of any size and sizes %s", eager_sizes)
+        for size in eager_sizes:
+            # Without metadata the attention op only zero-fills its output, as in capture.
+            # Two tensors: the trace must not see the token ids and positions as one.
+            input_ids, positions = torch.zeros(2, size, dtype=torch.long, device=self.device)
+            self.execute(input_ids.clone(), positions.clone(), None)
+
     # -- generation ----------------------------------------------------------------
 
     def add_requests(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[Request]:

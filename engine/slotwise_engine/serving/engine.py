@@ -133,10 +133,10 @@ class LLMEngine:
         model_name: str | None = None,
     ) -> LLMEngine:
         """An engine for the Hugging Face checkpoint folder ``model_dir`` (weights and
-        tokenizer), with its graphs captured.  ``num_kv_blocks``: the cache's blocks
-        (default ``DEFAULT_KV_BLOCKS``); ``compilation``: as ``load_model``'s
-        ``compilation_config`` (None: the default levels); ``model_name``: default the
-        folder's name."""
+        tokenizer), compiled and with its graphs captured before it takes a request.
+        ``num_kv_blocks``: the cache's blocks (default ``DEFAULT_KV_BLOCKS``);
+        ``compilation``: as ``load_model``'s ``compilation_config`` (None: the default
+        levels); ``model_name``: default the folder's name."""
         from slotwise_engine.models import load_model
         from slotwise_engine.models.tokenizer import Tokenizer
 
@@ -148,6 +148,7 @@ class LLMEngine:
         runner = ModelRunner(
             model, num_blocks=num_kv_blocks or DEFAULT_KV_BLOCKS, max_model_len=max_model_len
         )
+        runner.warm_up()
         runner.capture(progress=False)
         return cls(
             runner,
