@@ -55,7 +55,7 @@ def foreign_library(request: pytest.FixtureRequest, tmp_path_factory) -> Path:
         pytest.skip(f"the foreign test device needs a C++ compiler ({compiler} is not on PATH)")
     if shutil.which("ninja") is None:
         pytest.skip("the foreign test device needs ninja, torch's extension builder")
-    cache = request.config.cache
+    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
     root = (
         tmp_path_factory.mktemp("foreign_device_build")
         if cache is None
