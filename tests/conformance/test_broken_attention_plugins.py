@@ -90,6 +90,15 @@ TOP_LEFT_CAUSAL_MASK = """
             return out.transpose(0, 1)
 """
 
+#: A value worked out once per step, in the step's cache, but one that differs between
+#: layers: every layer of the step then attends with the first layer's scale.
+SCALE_KEPT_PER_STEP = """
+    class BrokenImpl(CpuSdpaImpl):
+        def forward(self, layer, q, k, v, kv_cache, metadata, output):
+            self.scale = metadata.step_cache.setdefault("broken-scale", self.scale)
+            return super().forward(layer, q, k, v, kv_cache, metadata, output)
+"""
+
 #: What names the worst element in a failure message, and the values found there.
 WORST = re.compile(
     r"worst at token (\d+) \(request (\d+), query token (\d+) of (\d+), at position (\d+) "
@@ -98,9 +107,9 @@ WORST = re.compile(
 )
 
 
-def attention_failures(dists, impl: str) -> dict[str, str]:
+def failed_cases(dists, impl: str) -> dict[str, str]:
     """Run the suite on a CPU platform with ``impl`` as its attention; assert that only
-    the attention check fails and return the message of each failed scenario case."""
+    the attention check fails and return the message of each of its failed cases."""
     (dists.root / "broken_attention.py").write_text(
         textwrap.dedent(BACKEND).format(impl=textwrap.dedent(impl))
     )
@@ -110,13 +119,15 @@ def attention_failures(dists, impl: str) -> dict[str, str]:
     failed = {check for check, outcome in outcomes(summary).items() if outcome == "failed"}
     assert failed == {"attention"}, summary
     tests = next(c["tests"] for c in summary["checks"] if c["check"] == "attention")
-    # The scenario cases; the long-context and wide-range cases fail too, unlocated.
+    return {t["name"]: t["message"] for t in tests if t["outcome"] == "failed"}
+
+
+def attention_failures(dists, impl: str) -> dict[str, str]:
+    """The failed scenario cases of ``failed_cases``; the long-context and wide-range
+    cases fail too, unlocated."""
     scenario_case = "test_attention_matches_the_reference["
-    return {
-        t["name"]: t["message"]
-        for t in tests
-        if t["outcome"] == "failed" and t["name"].startswith(scenario_case)
-    }
+    failures = failed_cases(dists, impl)
+    return {name: message for name, message in failures.items() if name.startswith(scenario_case)}
 
 
 def worst_element(message: str) -> re.Match[str]:
@@ -174,3 +185,14 @@ def test_a_top_left_causal_mask_fails_only_where_a_context_is_cached(dists):
         query_len, position, context_len = (int(match.group(i)) for i in (4, 5, 6))
         assert query_len > 1 and context_len > 0, message
         assert context_len <= position < context_len + query_len, message
+
+
+def test_a_backend_keeping_one_layers_value_for_the_whole_step_fails_the_shared_step_case(dists):
+    failures = failed_cases(dists, SCALE_KEPT_PER_STEP)
+    # Every other case has one layer per step: the same backend passes them all.
+    (message,) = failures.values()
+    assert set(failures) == {"test_layers_sharing_a_step_each_match_the_reference"}
+    # The first layer is right; the second, attending with the first's scale, is not.
+    assert "layer 1 of 2 sharing the step" in message, message
+    assert "scale 0.15625 (1.25/sqrt(64))" in message, message
+    worst_element(message)

@@ -89,6 +89,8 @@ DECODE_SCENARIOS = ("decode", "decode_on_block_boundaries")
 LAYOUTS = [(64, 1, 0.75), (128, 2, 1.25), (64, 4, 1.25), (64, 8, 0.75)]
 #: The layout of the full-graph checks.
 FULL_GRAPH_LAYOUT = (64, 2, 0.75)
+#: Two layers of one layout but different scales, sharing each step as a model's do.
+SHARED_STEP_LAYOUTS = [(64, 2, 0.75), (64, 2, 1.25)]
 NUM_KV_HEADS = 2
 #: Each is checked where the backend serves it; the full-graph checks use the first served.
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -168,6 +170,17 @@ def test_attention_on_a_wide_dynamic_range(dtype: torch.dtype) -> None:
     case.wide_range = True
     for label, batch in case.steps:
         case.run_step(label, batch)
+
+
+def test_layers_sharing_a_step_each_match_the_reference() -> None:
+    """A model's layers all run on one step's metadata, in which a backend may keep what
+    it works out once per step (``AttentionMetadata.step_cache``): each layer must still
+    get the answer of its own cache and scale."""
+    first, second = (Case.prepare("mixed", *layout) for layout in SHARED_STEP_LAYOUTS)
+    for label, batch in first.steps:
+        metadata = first.build_metadata(batch)
+        for layer, case in enumerate((first, second)):
+            case.run_step(f"{label}, layer {layer} of 2 sharing the step", batch, metadata=metadata)
 
 
 @pytest.mark.parametrize(
@@ -273,12 +286,25 @@ class Case:
             ),
         )
 
-    def run_step(self, label: str, batch: list[Request], static_layout: str | None = None) -> None:
+    def build_metadata(self, batch: list[Request]) -> AttentionMetadata:
+        """The step's metadata, as the backend's builder makes it."""
+        lengths = ([q for q, _, _ in batch], [c for _, c, _ in batch], [b for _, _, b in batch])
+        return self.backend.get_builder_cls()(self.block_size, self.device).build(*lengths)
+
+    def run_step(
+        self,
+        label: str,
+        batch: list[Request],
+        static_layout: str | None = None,
+        metadata: AttentionMetadata | None = None,
+    ) -> None:
         """Run one step through the platform's backend and check it against the reference;
         ``static_layout`` ("general" or "uniform_decode") captures the step as a full
-        graph reads it and replays it on this step's data."""
+        graph reads it and replays it on this step's data; ``metadata``: the step's, built
+        for another layer already."""
         lengths = ([q for q, _, _ in batch], [c for _, c, _ in batch], [b for _, _, b in batch])
-        metadata = self.backend.get_builder_cls()(self.block_size, self.device).build(*lengths)
+        if metadata is None:
+            metadata = self.build_metadata(batch)
         num_tokens = metadata.num_actual_tokens
         q, k, v = self.random_qkv(num_tokens + PADDING)
         if static_layout is None:
@@ -312,7 +338,7 @@ class Case:
         """Write a step's keys and values through the backend, and into the reference's
         cache, without comparing its output (the long context's many prefill chunks)."""
         lengths = ([q for q, _, _ in batch], [c for _, c, _ in batch], [b for _, _, b in batch])
-        metadata = self.backend.get_builder_cls()(self.block_size, self.device).build(*lengths)
+        metadata = self.build_metadata(batch)
         q, k, v = self.random_qkv(metadata.num_actual_tokens)
         chunk = ", ".join(f"{q}+{c}" for q, c, _ in batch)
         self.run_eagerly(f"a step writing the long context ({chunk})", metadata, q, k, v)
