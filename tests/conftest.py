@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support import (
     Distributions,
+    command_logging_left_as_found,
     keep_inductors_default_cache_folder,
     skip_cuda_tests_without_a_gpu,
 )
@@ -17,6 +19,12 @@ def dists(tmp_path: Path) -> Distributions:
     root = tmp_path / "site"
     root.mkdir()
     return Distributions(root)
+
+
+@pytest.fixture(autouse=True)
+def _command_logging_left_as_found() -> Iterator[None]:
+    with command_logging_left_as_found():
+        yield
 
 
 def pytest_configure(config: pytest.Config) -> None:

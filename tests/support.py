@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import socket
 import subprocess
@@ -9,7 +11,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -227,3 +229,24 @@ def keep_inductors_default_cache_folder() -> None:
 
     default = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default)
+
+
+#: The loggers ``slotwise`` commands set up (``slotwise.cli.main.configure_logging``).
+COMMAND_LOGGERS = ("slotwise", "slotwise_engine")
+
+
+@contextlib.contextmanager
+def command_logging_left_as_found() -> Iterator[None]:
+    """Undo what ``main()`` run in this process did to the commands' loggers (a handler,
+    a level, no propagation): otherwise every later test in the process logs through them
+    and finds lines it did not ask for on its stderr (an autouse fixture of the
+    conftests)."""
+    loggers = [logging.getLogger(name) for name in COMMAND_LOGGERS]
+    saved = [(logger, list(logger.handlers), logger.level, logger.propagate) for logger in loggers]
+    try:
+        yield
+    finally:
+        for logger, handlers, level, propagate in saved:
+            logger.handlers[:] = handlers
+            logger.setLevel(level)
+            logger.propagate = propagate

@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
-from support import keep_inductors_default_cache_folder, skip_cuda_tests_without_a_gpu
+from support import (
+    command_logging_left_as_found,
+    keep_inductors_default_cache_folder,
+    skip_cuda_tests_without_a_gpu,
+)
+
+
+@pytest.fixture(autouse=True)
+def _command_logging_left_as_found() -> Iterator[None]:
+    with command_logging_left_as_found():
+        yield
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -17,6 +17,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from types import ModuleType
+from typing import Any, TextIO
 
 from slotwise import envs
 from slotwise.cli.arguments import ArgumentParser
@@ -66,6 +67,20 @@ INTERRUPTED = 128 + signal.SIGINT
 BROKEN_PIPE = 128 + signal.SIGPIPE
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to ``sys.stderr`` as it is when a record comes, not as it was when the
+    handler was made: ``main`` called from Python under a redirected or captured stderr
+    must not leave a handler on a stream closed since."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass  # always the current sys.stderr
+
+
 def configure_logging() -> None:
     """Send the ``slotwise`` and ``slotwise_engine`` loggers, the parents of every
     module's, to stderr at SLOTWISE_LOGGING_LEVEL (default INFO)."""
@@ -73,7 +88,7 @@ def configure_logging() -> None:
     for name in ("slotwise", ENGINE_PACKAGE):
         logger = logging.getLogger(name)
         if not logger.handlers:
-            handler = logging.StreamHandler(sys.stderr)
+            handler = _StderrHandler()
             handler.setFormatter(logging.Formatter("%(levelname)s slotwise: %(message)s"))
             logger.addHandler(handler)
             logger.propagate = False
