@@ -264,7 +264,7 @@ class ModelRunner:
         eager_sizes = sorted(
             {size for size in sizes if self.dispatcher.dispatch(size, False).mode == GraphMode.NONE}
         )
-        logger.info("compiling the model for steps of any size and sizes %s", eager_sizes)
+        logger.info("compiling for steps without graphs: dummy steps of %s tokens", eager_sizes)
         for size in eager_sizes:
             # Without metadata the attention op only zero-fills its output, as in capture.
             # Two tensors: the trace must not see the token ids and positions as one.
