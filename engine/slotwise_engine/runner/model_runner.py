@@ -268,8 +268,10 @@ class ModelRunner:
         for size in eager_sizes:
             # Without metadata the attention op only zero-fills its output, as in capture.
             # Two tensors: the trace must not see the token ids and positions as one.
-            input_ids, positions = torch.zeros(2, size, dtype=torch.long, device=self.device)
-            self.execute(input_ids.clone(), positions.clone(), None)
+            input_ids, positions = (
+                torch.zeros(size, dtype=torch.long, device=self.device) for _ in range(2)
+            )
+            self.execute(input_ids, positions, None)
 
     # -- generation ----------------------------------------------------------------
 

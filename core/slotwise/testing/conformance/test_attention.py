@@ -288,8 +288,8 @@ class Case:
 
     def build_metadata(self, batch: list[Request]) -> AttentionMetadata:
         """The step's metadata, as the backend's builder makes it."""
-        lengths = ([q for q, _, _ in batch], [c for _, c, _ in batch], [b for _, _, b in batch])
-        return self.backend.get_builder_cls()(self.block_size, self.device).build(*lengths)
+        builder = self.backend.get_builder_cls()(self.block_size, self.device)
+        return builder.build(*step_lengths(batch))
 
     def run_step(
         self,
@@ -302,7 +302,7 @@ class Case:
         ``static_layout`` ("general" or "uniform_decode") captures the step as a full
         graph reads it and replays it on this step's data; ``metadata``: the step's, built
         for another layer already."""
-        lengths = ([q for q, _, _ in batch], [c for _, c, _ in batch], [b for _, _, b in batch])
+        lengths = step_lengths(batch)
         if metadata is None:
             metadata = self.build_metadata(batch)
         num_tokens = metadata.num_actual_tokens
@@ -337,7 +337,7 @@ class Case:
     def fill_context(self, batch: list[Request]) -> None:
         """Write a step's keys and values through the backend, and into the reference's
         cache, without comparing its output (the long context's many prefill chunks)."""
-        lengths = ([q for q, _, _ in batch], [c for _, c, _ in batch], [b for _, _, b in batch])
+        lengths = step_lengths(batch)
         metadata = self.build_metadata(batch)
         q, k, v = self.random_qkv(metadata.num_actual_tokens)
         chunk = ", ".join(f"{q}+{c}" for q, c, _ in batch)
@@ -481,6 +481,11 @@ def distinct_strings(got: float, expected: float) -> tuple[str, str]:
         if got_text != expected_text:
             break
     return got_text, expected_text
+
+
+def step_lengths(batch: list[Request]) -> tuple[list[int], list[int], list[list[int]]]:
+    """A step's query lengths, context lengths and block tables, as builders take them."""
+    return [q for q, _, _ in batch], [c for _, c, _ in batch], [b for _, _, b in batch]
 
 
 def scenario_steps(
