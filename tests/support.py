@@ -55,16 +55,20 @@ class Distributions:
 
     def run(self, code: str, **env: str) -> subprocess.CompletedProcess[str]:
         """Run ``code`` in a fresh interpreter that sees these distributions."""
+        return self._python(["-c", textwrap.dedent(code)], env)
+
+    def run_module(self, module: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """``python -m module args`` in a fresh interpreter that sees these distributions
+        (``-m`` ends a process differently from ``-c`` after a Ctrl-C)."""
+        return self._python(["-m", module, *args], {})
+
+    def _python(self, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         environ = clean_env(**env)
         environ["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(self.root), environ.get("PYTHONPATH", "")) if p
         )
         return subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(code)],
-            env=environ,
-            capture_output=True,
-            text=True,
-            timeout=120,
+            [sys.executable, *args], env=environ, capture_output=True, text=True, timeout=120
         )
 
 

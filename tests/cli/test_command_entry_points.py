@@ -243,3 +243,20 @@ def test_without_the_engine_its_commands_say_what_to_install():
         "slotwise serve is part of the slotwise-engine distribution"
     )
     assert cli_main._unavailable("env", commands) is None
+
+
+#: A command interrupted inside code run by exec() of a string, as Ctrl-C lands when
+#: torch runs the code it generates.
+INTERRUPTED_IN_EXEC = """
+    def add_parser(commands, name):
+        commands.add_parser(name, help="interrupted in generated code")
+
+    def run(args):
+        exec("raise KeyboardInterrupt", {})
+"""
+
+
+def test_ctrl_c_in_exec_run_code_ends_python_m_slotwise_with_130(dists):
+    add_command(dists, "slotwise-stop", INTERRUPTED_IN_EXEC, "stop")
+    done = dists.run_module("slotwise", "stop")
+    assert (done.returncode, done.stderr) == (130, "slotwise stop: interrupted\n")

@@ -211,6 +211,11 @@ def _interrupted(prog: str) -> int:
     # ends it at once, without a traceback.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     print(f"{prog}: interrupted", file=sys.stderr)
+    # CPython remembers a KeyboardInterrupt that left code run by exec() of a string
+    # (torch runs code it generates that way) even once caught, and under `python -m`
+    # ends the process by SIGINT instead of with the status returned; a string exec
+    # that completes clears that memory, so the status is 130 however Ctrl-C landed.
+    exec("")
     return INTERRUPTED
 
 
