@@ -85,6 +85,32 @@ def test_a_model_that_branches_on_the_dynamic_size_is_refused(first_size):
     assert "x.shape[0] == 1" in message  # the offending line
 
 
+@support_torch_compile
+class TokensAndPositions(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(64, 8)
+        self.positions = nn.Embedding(64, 8)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.tokens(input_ids) * 2 + self.positions(positions)
+
+
+@pytest.mark.parametrize("level", [2, 3])
+def test_a_first_call_passing_one_tensor_twice_does_not_tie_the_later_calls(level):
+    torch.manual_seed(0)
+    model = TokensAndPositions(compilation_config=CompilationConfig(level=level, backend="eager"))
+    eager = TokensAndPositions(compilation_config=CompilationConfig(level=0))
+    eager.load_state_dict(model.state_dict())
+    same = torch.tensor([3, 1, 4])
+    torch.testing.assert_close(model(same, same), eager(same, same))
+    for size in (1, 2, 5):  # guards are dropped: these reuse the first call's trace
+        ids, positions = torch.randint(0, 64, (size,)), torch.randint(0, 64, (size,))
+        torch.testing.assert_close(model(ids, positions), eager(ids, positions))
+    with counters.expect(num_models_seen=0):
+        model(same, same)
+
+
 class SlowCountingCompiler(EagerCompiler):
     """Eager, but slow enough for threads to overlap, counting compiles in flight."""
 

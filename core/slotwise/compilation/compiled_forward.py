@@ -108,6 +108,26 @@ def _fresh_function(function: Callable[..., Any]) -> Callable[..., Any]:
     )
 
 
+def distinct_tensors(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The call's arguments, each tensor sharing memory with an earlier one replaced by a
+    copy. Dynamo traces arguments that share memory as one input and guards on it; with
+    the guards dropped, later calls passing distinct tensors would reuse that trace."""
+    seen: set[int] = set()
+
+    def distinct(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor) or value.untyped_storage().data_ptr() == 0:
+            return value
+        storage = value.untyped_storage().data_ptr()
+        if storage in seen:
+            return value.clone()
+        seen.add(storage)
+        return value
+
+    return tuple(map(distinct, args)), {name: distinct(v) for name, v in kwargs.items()}
+
+
 class CompiledForward:
     """Compiles ``forward`` of ``module`` on first call; later calls run the compiled code.
 
@@ -221,6 +241,7 @@ class CompiledForward:
                 backend = self._backend()  # untouched by a load that failed half-way
         compiled = self._compile(backend)
         if backend is not None:
+            args, kwargs = distinct_tensors(args, kwargs)
             self._mark_dynamic(args, kwargs)
         # Kept only once a call through it succeeded: a first call that fails (bad input,
         # an empty batch) leaves nothing half-compiled behind, and the next call traces.
