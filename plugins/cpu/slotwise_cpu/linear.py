@@ -7,7 +7,9 @@ bfloat16 and float16 GEMM (oneDNN) spends more time converting than streaming th
 MKL's float32 GEMM reads the weight again for every few rows; the kernel reads it once
 for up to 16 rows (bfloat16 on AMX tiles from 3 rows where the CPU has them, in pairs
 with AVX512-BF16 otherwise, widened to float32 on a CPU with AVX2 alone).  Above the
-rows where torch catches up (``max_kernel_rows``), calls go to ``F.linear`` unchanged.
+rows where torch catches up (``max_kernel_rows``), calls go to ``F.linear``; in bfloat16
+and float16 in float32 (rounded once) where torch's GEMM has no fast path in the dtype,
+as on a CPU without AVX-512, where its generic loop is 6x to 8x slower.
 
 The op's CPU kernel, which chooses between the two, is C++ (``csrc/ops.cpp``, loaded by
 ``slotwise_cpu.native``): it runs once per linear layer and step, and a kernel written

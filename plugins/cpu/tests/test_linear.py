@@ -112,18 +112,52 @@ def test_rows_of_a_wider_tensor_are_read_with_their_stride(rows):
     assert within_output_rounding(out, x.double() @ weight.double().T, x, weight)
 
 
+def torch_gemm_is_fast(dtype: torch.dtype) -> bool:
+    """Whether torch's own GEMM has a fast path in ``dtype`` here, as torch reports it:
+    oneDNN's, for bfloat16 and float16."""
+    if dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return dtype != torch.float16 or torch.ops.mkldnn._is_mkldnn_fp16_supported()
+
+
 @pytest.mark.parametrize(
     "x, weight",
     [
         (torch.randn(2, 64).double(), torch.randn(32, 64).double()),  # not a kernel dtype
-        (torch.randn(5, 64).bfloat16(), torch.randn(32, 64).bfloat16()),  # more rows
-        (torch.randn(1, 64).bfloat16(), torch.randn(64, 32).bfloat16().T),  # strided weight
-        (torch.randn(2, 1, 64).bfloat16(), torch.randn(32, 64).bfloat16()),  # 3-D input
+        (torch.randn(17, 64).float(), torch.randn(32, 64).float()),  # more rows
+        (torch.randn(1, 64).float(), torch.randn(64, 32).float().T),  # strided weight
+        (torch.randn(2, 1, 64).float(), torch.randn(32, 64).float()),  # 3-D input
     ],
     ids=["float64", "more-rows", "transposed-weight", "3d"],
 )
 def test_what_the_kernel_does_not_take_is_exactly_f_linear(x, weight):
     assert torch.equal(torch.ops.slotwise_cpu.linear(x, weight, None), F.linear(x, weight))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("rows", [17, 128])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed-weight", "3d"])
+def test_half_products_the_kernel_does_not_take_are_f_linear_where_torch_is_fast(
+    dtype, rows, layout
+):
+    # Elsewhere torch's half GEMM is a generic loop many times slower than float32's, so
+    # the op multiplies in float32 and rounds once: the product oneDNN's half GEMMs give.
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 96, generator=generator).to(dtype)
+    weight = torch.randn(48, 96, generator=generator).to(dtype)
+    bias = torch.randn(48, generator=generator).to(dtype)
+    if layout == "transposed-weight":
+        weight = weight.T.contiguous().T
+    elif layout == "3d":
+        x = x.unsqueeze(0)
+    out = torch.ops.slotwise_cpu.linear(x, weight, bias)
+    if torch_gemm_is_fast(dtype):
+        expected = F.linear(x, weight, bias)
+    else:
+        expected = F.linear(x.float(), weight.float(), bias.float()).to(dtype)
+    assert out.dtype == dtype and torch.equal(out, expected)
+    exact = x.double() @ weight.double().T + bias.double()
+    assert within_output_rounding(out.reshape(rows, 48), exact.reshape(rows, 48), x, weight)
 
 
 def test_the_op_traces_with_its_fake_implementation():

@@ -1,5 +1,6 @@
 // The CPU kernels of the plugin's two ops, registered with torch's dispatcher:
-//   slotwise_cpu::linear        F.linear, products of a few rows by small_gemm.c
+//   slotwise_cpu::linear        F.linear, products of a few rows by small_gemm.c, half
+//                               dtypes in float32 where torch's GEMM has no fast path
 //   slotwise_cpu::paged_decode  decode attention read in place by paged_decode.c
 //
 // Why C++ around the C kernels: each op runs once per layer and step, 41 times in a
@@ -10,6 +11,7 @@
 // slotwise_cpu/paged_decode.py), so that they exist when this library cannot be built.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
 #include <torch/library.h>
@@ -41,6 +43,35 @@ int dtype_code(at::ScalarType dtype) {
 // at 8 and wins at 12).
 int64_t max_kernel_rows(int code) { return code < 0 ? 0 : slotwise_small_gemm_rows(code); }
 
+// torch's answer to a question op taking nothing (true where the op is missing).
+bool torch_says(const char *op) {
+    const auto handle = c10::Dispatcher::singleton().findSchema({op, ""});
+    return !handle.has_value() || handle->typed<bool()>().call();
+}
+
+// Whether torch's GEMM has a fast path in this dtype on this CPU.  Its bfloat16 and
+// float16 GEMMs are oneDNN's, where oneDNN takes the dtype (torch says where); elsewhere
+// (a CPU without AVX-512, for one) torch multiplies in a generic loop, 6x to 8x slower
+// than widening both operands to float32 and rounding the product once (AMD's Zen 2, 20 to
+// 512 rows by 512 x 1536, one thread, one run), which is what oneDNN's half GEMMs compute.
+bool torch_gemm_is_fast(at::ScalarType dtype) {
+    static const bool bfloat16 = torch_says("mkldnn::_is_mkldnn_bf16_supported");
+    static const bool float16 = torch_says("mkldnn::_is_mkldnn_fp16_supported");
+    return dtype == at::kBFloat16 ? bfloat16 : dtype == at::kHalf ? float16 : true;
+}
+
+// F.linear by torch, in float32 where torch has no fast GEMM in the operands' dtype.
+at::Tensor torch_linear(const at::Tensor &x, const at::Tensor &weight,
+                        const std::optional<at::Tensor> &bias) {
+    const at::ScalarType dtype = x.scalar_type();
+    const bool same_dtype = weight.scalar_type() == dtype &&
+                            (!bias.has_value() || bias->scalar_type() == dtype);
+    if (!same_dtype || torch_gemm_is_fast(dtype)) return at::linear(x, weight, bias);
+    std::optional<at::Tensor> wide_bias;
+    if (bias.has_value()) wide_bias = bias->to(at::kFloat);
+    return at::linear(x.to(at::kFloat), weight.to(at::kFloat), wide_bias).to(dtype);
+}
+
 at::Tensor linear(const at::Tensor &x, const at::Tensor &weight,
                   const std::optional<at::Tensor> &bias) {
     const int code = dtype_code(x.scalar_type());
@@ -52,7 +83,7 @@ at::Tensor linear(const at::Tensor &x, const at::Tensor &weight,
         (!bias.has_value() ||
          (bias->scalar_type() == x.scalar_type() && bias->is_contiguous() &&
           bias->dim() == 1 && bias->size(0) == weight.size(0)));
-    if (!kernel_takes_it) return at::linear(x, weight, bias);
+    if (!kernel_takes_it) return torch_linear(x, weight, bias);
     const int64_t rows = x.size(0), outputs = weight.size(0), inner = x.size(1);
     at::Tensor out = at::empty({rows, outputs}, x.options());
     const int status = slotwise_small_gemm(
