@@ -111,6 +111,25 @@ def test_a_first_call_passing_one_tensor_twice_does_not_tie_the_later_calls(leve
         model(same, same)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("inference", [False, True], ids=["grad-mode", "inference-mode"])
+def test_a_first_call_on_views_is_recorded_and_warm_starts_the_next_model(
+    tmp_path, caplog, inference
+):
+    # A runner's step passes views of its persistent buffers, in inference mode when an
+    # engine steps it. Inductor: the eager backend saves nothing, traces included.
+    config = CompilationConfig(
+        level=3, backend="inductor", splitting_ops=TOY_SPLITTING_OPS, cache_dir=str(tmp_path)
+    )
+    buffer = torch.randint(0, 64, (16,))
+    for seed, traces in ((0, 1), (1, 0)):  # the second model starts from the first's trace
+        compiled, eager = toy_pair(seed, config)
+        with counters.expect(num_graphs_seen=traces), torch.inference_mode(inference):
+            torch.testing.assert_close(compiled(buffer[:5]), eager(buffer[:5]))
+        assert_matches_eager(compiled, eager)
+    assert "warm start" not in caplog.text
+
+
 class SlowCountingCompiler(EagerCompiler):
     """Eager, but slow enough for threads to overlap, counting compiles in flight."""
 

@@ -111,17 +111,22 @@ def _fresh_function(function: Callable[..., Any]) -> Callable[..., Any]:
 def distinct_tensors(
     args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The call's arguments, each tensor sharing memory with an earlier one replaced by a
-    copy. Dynamo traces arguments that share memory as one input and guards on it; with
-    the guards dropped, later calls passing distinct tensors would reuse that trace."""
+    """The call's arguments, each tensor that is a view or shares memory with an earlier
+    one replaced by a copy. Dynamo traces arguments that share memory as one input and
+    guards on it: with the guards dropped, later calls passing distinct tensors would
+    reuse that trace. And a trace of a view (a runner's step buffers are views) cannot be
+    recorded for a warm start."""
     seen: set[int] = set()
 
     def distinct(value: Any) -> Any:
         if not isinstance(value, torch.Tensor) or value.untyped_storage().data_ptr() == 0:
             return value
         storage = value.untyped_storage().data_ptr()
-        if storage in seen:
-            return value.clone()
+        if storage in seen or value._is_view():
+            # An inference tensor's copy is one too, any other tensor's is not: the
+            # copy has the dispatch keys of what later calls pass.
+            with torch.inference_mode(value.is_inference()):
+                return value.clone()
         seen.add(storage)
         return value
 
