@@ -108,7 +108,7 @@ def _fresh_function(function: Callable[..., Any]) -> Callable[..., Any]:
     )
 
 
-def distinct_tensors(
+def arguments_to_trace(
     args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The call's arguments, each tensor that is a view or shares memory with an earlier
@@ -118,7 +118,7 @@ def distinct_tensors(
     recorded for a warm start."""
     seen: set[int] = set()
 
-    def distinct(value: Any) -> Any:
+    def to_trace(value: Any) -> Any:
         if not isinstance(value, torch.Tensor) or value.untyped_storage().data_ptr() == 0:
             return value
         storage = value.untyped_storage().data_ptr()
@@ -130,7 +130,7 @@ def distinct_tensors(
         seen.add(storage)
         return value
 
-    return tuple(map(distinct, args)), {name: distinct(v) for name, v in kwargs.items()}
+    return tuple(map(to_trace, args)), {name: to_trace(v) for name, v in kwargs.items()}
 
 
 class CompiledForward:
@@ -246,7 +246,7 @@ class CompiledForward:
                 backend = self._backend()  # untouched by a load that failed half-way
         compiled = self._compile(backend)
         if backend is not None:
-            args, kwargs = distinct_tensors(args, kwargs)
+            args, kwargs = arguments_to_trace(args, kwargs)
             self._mark_dynamic(args, kwargs)
         # Kept only once a call through it succeeded: a first call that fails (bad input,
         # an empty batch) leaves nothing half-compiled behind, and the next call traces.
