@@ -1,11 +1,13 @@
-"""The float64 oracles the CPU kernels' tests hold them to, shared by the tests of the
-plugin's own build and of each code path's (test_kernel_code_paths.py)."""
+"""The oracles the CPU kernels' tests hold them to (float64 products, and torch's own for
+what the op hands to torch), shared by the tests of the plugin's own build and of each
+code path's (test_kernel_code_paths.py)."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+import torch.nn.functional as F
 
 
 def within_output_rounding(
@@ -68,3 +70,19 @@ def assert_matches(out, expected):
         ulp = torch.finfo(out.dtype).eps * expected.abs().clamp_min(1e-2)
         float32_error = FLOAT32_ATOL + FLOAT32_RTOL * expected.abs()
         assert ((out.double() - expected).abs() <= rounding + ulp + float32_error).all()
+
+
+def torch_product(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``F.linear`` as the op hands it to torch: as is where torch has a fast GEMM in the
+    dtype (oneDNN's, for bfloat16 and float16, where torch says oneDNN takes it), else in
+    float32, rounded once."""
+    fast = {
+        torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+        torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported(),
+    }
+    if fast.get(x.dtype, True):
+        return F.linear(x, weight, bias)
+    wide_bias = None if bias is None else bias.float()
+    return F.linear(x.float(), weight.float(), wide_bias).to(x.dtype)
