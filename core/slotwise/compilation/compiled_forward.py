@@ -119,9 +119,11 @@ def arguments_to_trace(
     seen: set[int] = set()
 
     def to_trace(value: Any) -> Any:
-        if not isinstance(value, torch.Tensor) or value.untyped_storage().data_ptr() == 0:
+        if not isinstance(value, torch.Tensor):
             return value
         storage = value.untyped_storage().data_ptr()
+        if storage == 0:  # no memory to share
+            return value
         if storage in seen or value._is_view():
             # An inference tensor's copy is one too, any other tensor's is not: the
             # copy has the dispatch keys of what later calls pass.
