@@ -235,16 +235,14 @@ def keep_inductors_default_cache_folder() -> None:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default)
 
 
-#: The loggers ``slotwise`` commands set up (``slotwise.cli.main.configure_logging``).
-COMMAND_LOGGERS = ("slotwise", "slotwise_engine")
-
-
 @contextlib.contextmanager
 def command_logging_left_as_found() -> Iterator[None]:
     """Undo what ``main()`` run in this process did to the commands' loggers (a handler,
     a level, no propagation): otherwise every later test in the process logs through them
     and finds lines it did not ask for on its stderr (an autouse fixture of the
     conftests)."""
+    from slotwise.cli.main import COMMAND_LOGGERS
+
     loggers = [logging.getLogger(name) for name in COMMAND_LOGGERS]
     saved = [(logger, list(logger.handlers), logger.level, logger.propagate) for logger in loggers]
     try:

@@ -81,11 +81,15 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         pass  # always the current sys.stderr
 
 
+#: The loggers the commands set up: the parents of every module's of the core and the engine.
+COMMAND_LOGGERS = ("slotwise", ENGINE_PACKAGE)
+
+
 def configure_logging() -> None:
     """Send the ``slotwise`` and ``slotwise_engine`` loggers, the parents of every
     module's, to stderr at SLOTWISE_LOGGING_LEVEL (default INFO)."""
     level = envs.logging_level()
-    for name in ("slotwise", ENGINE_PACKAGE):
+    for name in COMMAND_LOGGERS:
         logger = logging.getLogger(name)
         if not logger.handlers:
             handler = _StderrHandler()
