@@ -267,11 +267,8 @@ class ModelRunner:
         logger.info("compiling for steps without graphs: dummy steps of %s tokens", eager_sizes)
         for size in eager_sizes:
             # Without metadata the attention op only zero-fills its output, as in capture.
-            # Two tensors: the trace must not see the token ids and positions as one.
-            input_ids, positions = (
-                torch.zeros(size, dtype=torch.long, device=self.device) for _ in range(2)
-            )
-            self.execute(input_ids, positions, None)
+            zeros = torch.zeros(size, dtype=torch.long, device=self.device)
+            self.execute(zeros, zeros, None)  # token ids and positions
 
     # -- generation ----------------------------------------------------------------
 
